@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` (the main job on the embedded default pair) and
+# `make test`. Both create .venv on first use and install what they need.
+#
+# Install order matters (docs: ../shared/DESIGN.md section 3): torch 2.13.0 first (a CPU build; a
+# bare `torch` requirement would pull a multi-GB CUDA build), then deepspeed without build
+# isolation (its setup imports torch), then this package with its dev extras.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+DEEPSPEED_SPEC := deepspeed>=0.16,<0.20
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint bench-verify clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet setuptools wheel
+	$(PY) -m pip install --quiet --no-build-isolation "$(DEEPSPEED_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m distributed_spec.generate
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check distributed_spec tests scripts
+
+bench-verify: install
+	$(PY) -m scripts.bench_verify
+
+clean:
+	rm -rf $(VENV) *.egg-info outputs multirun

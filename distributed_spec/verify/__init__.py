@@ -1,0 +1,32 @@
+"""Verification of draft blocks: pure tensor math (probabilities, ids, uniforms in; counts, tokens out).
+
+No model, Ray, Hydra or logging imports here; see rules.py for the terms and the algorithms.
+"""
+
+from distributed_spec.verify.rules import (
+    VERIFY_METHODS,
+    VerifyOutput,
+    VerifyUniforms,
+    block_acceptance_probs,
+    draw_uniforms,
+    verify,
+    verify_block,
+    verify_greedy,
+    verify_token,
+)
+from distributed_spec.verify.sampling import SamplingParams, logits_to_probs, sample_from_probs
+
+__all__ = [
+    "VERIFY_METHODS",
+    "SamplingParams",
+    "VerifyOutput",
+    "VerifyUniforms",
+    "block_acceptance_probs",
+    "draw_uniforms",
+    "logits_to_probs",
+    "sample_from_probs",
+    "verify",
+    "verify_block",
+    "verify_greedy",
+    "verify_token",
+]

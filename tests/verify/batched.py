@@ -1,0 +1,50 @@
+"""Builders that turn oracle tables into batched verifier inputs (many rows, one context)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from tests.verify import oracle
+
+
+def dense_table(table: oracle.Table, context: tuple[int, ...], vocab_size: int, gamma: int) -> torch.Tensor:
+    """All prefixes of length 0..gamma after `context`, in base-V order -> [num_prefixes, V] float64."""
+    rows = []
+    for length in range(gamma + 1):
+        for prefix in itertools.product(range(vocab_size), repeat=length):
+            rows.append(table(context + prefix))
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def prefix_index(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """tokens [N, k] -> row of the prefix in dense_table [N]."""
+    length = tokens.shape[1]
+    offset = sum(vocab_size**i for i in range(length))
+    index = torch.zeros(tokens.shape[0], dtype=torch.long)
+    for i in range(length):
+        index = index * vocab_size + tokens[:, i]
+    return index + offset
+
+
+def sample_block_inputs(
+    p_dense: torch.Tensor, q_dense: torch.Tensor, num_rows: int, gamma: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draft blocks sampled from q, with their q and p.
+
+    Returns:
+        draft_ids [N, g] long, draft_probs [N, g, V] float32, target_probs [N, g+1, V] float32
+    """
+    vocab_size = p_dense.shape[1]
+    draft_ids = torch.zeros(num_rows, gamma, dtype=torch.long)
+    draft_probs = torch.zeros(num_rows, gamma, vocab_size)
+    target_probs = torch.zeros(num_rows, gamma + 1, vocab_size)
+    for i in range(gamma + 1):
+        index = prefix_index(draft_ids[:, :i], vocab_size)
+        target_probs[:, i] = p_dense[index].float()
+        if i < gamma:
+            q_i = q_dense[index]
+            draft_probs[:, i] = q_i.float()
+            draft_ids[:, i] = torch.multinomial(q_i, 1, generator=generator).squeeze(1)
+    return draft_ids, draft_probs, target_probs

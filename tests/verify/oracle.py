@@ -1,0 +1,164 @@
+"""Exact oracle for speculative decoding verification, by enumeration over a small vocabulary.
+
+Independent of distributed_spec.verify: plain Python floats (float64), no torch. For a context c
+and draft/target tables p(. | prefix), q(. | prefix), it enumerates every draft block and every
+verification outcome, giving the exact distribution of what one iteration emits, and composes
+iterations into the exact distribution of the generated sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from collections.abc import Callable
+
+Dist = list[float]
+Table = Callable[[tuple[int, ...]], Dist]
+
+
+class RandomTable:
+    """A context-dependent distribution over V tokens: a seeded Dirichlet draw per prefix."""
+
+    def __init__(self, vocab_size: int, seed: int, concentration: float = 1.0):
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.concentration = concentration
+        self._cache: dict[tuple[int, ...], Dist] = {}
+
+    def __call__(self, prefix: tuple[int, ...]) -> Dist:
+        if prefix not in self._cache:
+            rng = random.Random(hash((self.seed, prefix)))
+            weights = [rng.gammavariate(self.concentration, 1.0) for _ in range(self.vocab_size)]
+            total = sum(weights)
+            self._cache[prefix] = [w / total for w in weights]
+        return self._cache[prefix]
+
+
+def constant_table(dist: Dist) -> Table:
+    return lambda prefix: list(dist)
+
+
+def _normalise(weights: Dist) -> Dist:
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def block_h(p_on: list[float], q_on: list[float], p_next: list[Dist], q_next: list[Dist]) -> list[float]:
+    """h_1..h_g of block verification; p_next[i], q_next[i] are p_{i+2}, q_{i+2} (0-based i < g-1)."""
+    gamma = len(p_on)
+    r, rs = 1.0, []
+    for i in range(gamma):
+        r = min(1.0, r * p_on[i] / q_on[i]) if q_on[i] > 0 else (1.0 if p_on[i] > 0 and r > 0 else 0.0)
+        rs.append(r)
+    h = []
+    for i in range(gamma - 1):
+        z = sum(max(rs[i] * a - b, 0.0) for a, b in zip(p_next[i], q_next[i]))
+        denominator = z + 1.0 - rs[i]
+        h.append(z / denominator if denominator > 0 else 1.0)
+    h.append(rs[-1])
+    return h, rs
+
+
+def iteration_outcomes(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> dict:
+    """Exact distribution of one iteration: {(tau, emitted tokens tuple): probability}."""
+    vocab_size = len(p(context))
+    outcomes: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
+    for draft in itertools.product(range(vocab_size), repeat=gamma):
+        prefixes = [context + draft[:i] for i in range(gamma + 1)]
+        p_dists = [p(pre) for pre in prefixes]  # p_1..p_{g+1}
+        q_dists = [q(pre) for pre in prefixes[:gamma]]  # q_1..q_g
+        draft_prob = 1.0
+        for i, x in enumerate(draft):
+            draft_prob *= q_dists[i][x]
+        if draft_prob == 0.0:
+            continue
+        p_on = [p_dists[i][x] for i, x in enumerate(draft)]
+        q_on = [q_dists[i][x] for i, x in enumerate(draft)]
+        if method == "block":
+            h, rs = block_h(p_on, q_on, p_dists[1:gamma], q_dists[1:gamma])
+            tau_probs = []
+            for i in range(gamma + 1):
+                prob = 1.0 if i == 0 else h[i - 1]
+                for j in range(i + 1, gamma + 1):
+                    prob *= 1.0 - h[j - 1]
+                tau_probs.append(prob)
+            scales = [1.0] + rs
+        elif method in ("token", "lossy"):
+            tau_probs, reach = [], 1.0
+            for i in range(gamma):
+                accept = min(1.0, p_on[i] / q_on[i])
+                tau_probs.append(reach * (1.0 - accept))
+                reach *= accept
+            tau_probs.append(reach)
+            scales = [1.0] * (gamma + 1)
+        else:
+            raise ValueError(method)
+        for tau, tau_prob in enumerate(tau_probs):
+            if tau_prob == 0.0:
+                continue
+            if tau == gamma:
+                y_dist = p_dists[gamma]
+            elif method == "lossy":
+                # A control that must fail the lossless check: the correction drawn from p itself.
+                y_dist = p_dists[tau]
+            else:
+                y_dist = _normalise([max(scales[tau] * a - b, 0.0) for a, b in zip(p_dists[tau], q_dists[tau])])
+            for y, y_prob in enumerate(y_dist):
+                if y_prob > 0.0:
+                    outcomes[(tau, draft[:tau] + (y,))] += draft_prob * tau_prob * y_prob
+    return dict(outcomes)
+
+
+def emitted_distribution(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> dict:
+    """{emitted tokens tuple: probability} of one iteration."""
+    emitted: dict[tuple[int, ...], float] = defaultdict(float)
+    for (_, tokens), prob in iteration_outcomes(method, p, q, context, gamma).items():
+        emitted[tokens] += prob
+    return dict(emitted)
+
+
+def expected_accepted(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> float:
+    """E[tau]: expected accepted draft tokens of one iteration."""
+    return sum(tau * prob for (tau, _), prob in iteration_outcomes(method, p, q, context, gamma).items())
+
+
+def speculative_sequence_distribution(
+    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, length: int
+) -> dict[tuple[int, ...], float]:
+    """Exact distribution of the first `length` generated tokens over repeated iterations."""
+    memo: dict[tuple[int, ...], dict] = {}
+
+    def step(ctx: tuple[int, ...]) -> dict:
+        if ctx not in memo:
+            memo[ctx] = emitted_distribution(method, p, q, ctx, gamma)
+        return memo[ctx]
+
+    result: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def expand(generated: tuple[int, ...], prob: float) -> None:
+        if len(generated) >= length:
+            result[generated[:length]] += prob
+            return
+        for tokens, tokens_prob in step(context + generated).items():
+            expand(generated + tokens, prob * tokens_prob)
+
+    expand((), 1.0)
+    return dict(result)
+
+
+def target_sequence_distribution(p: Table, context: tuple[int, ...], length: int) -> dict[tuple[int, ...], float]:
+    """Exact distribution of `length` tokens sampled autoregressively from the target."""
+    vocab_size = len(p(context))
+    result = {}
+    for seq in itertools.product(range(vocab_size), repeat=length):
+        prob = 1.0
+        for i, x in enumerate(seq):
+            prob *= p(context + seq[:i])[x]
+        result[seq] = prob
+    return result
+
+
+def total_variation(a: dict, b: dict) -> float:
+    keys = set(a) | set(b)
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)

@@ -1,0 +1,61 @@
+"""The algorithms themselves, checked exactly by enumeration (tests/verify/oracle.py)."""
+
+from fractions import Fraction
+
+import pytest
+
+from tests.verify import oracle
+
+TOY_TARGET = [1 / 3, 2 / 3]
+TOY_DRAFT = [2 / 3, 1 / 3]
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize(
+    ("vocab_size", "gamma", "length"),
+    [(2, 1, 4), (3, 1, 3), (3, 2, 4), (3, 3, 4), (4, 2, 3), (3, 4, 5), (5, 2, 3)],
+)
+def test_lossless_sequence_distribution(method, vocab_size, gamma, length):
+    """Theorem 1: repeated iterations produce exactly the target's sequence distribution."""
+    for seed in range(3):
+        p = oracle.RandomTable(vocab_size, seed=100 + seed, concentration=0.7)
+        q = oracle.RandomTable(vocab_size, seed=200 + seed, concentration=0.7)
+        context = (seed % vocab_size,)
+        speculative = oracle.speculative_sequence_distribution(method, p, q, context, gamma, length)
+        target = oracle.target_sequence_distribution(p, context, length)
+        assert abs(sum(speculative.values()) - 1.0) < 1e-9
+        assert oracle.total_variation(speculative, target) < 1e-9
+
+
+def test_oracle_detects_a_lossy_verifier():
+    """Control: the same check flags a verifier that draws the correction from p, so it can fail."""
+    p = oracle.RandomTable(3, seed=1)
+    q = oracle.RandomTable(3, seed=2)
+    speculative = oracle.speculative_sequence_distribution("lossy", p, q, (0,), 2, 3)
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 3)) > 1e-3
+
+
+def test_toy_case_expected_accepted_tokens():
+    """Sun et al. toy case: 10/9 accepted draft tokens with token verification, 11/9 with block."""
+    p, q = oracle.constant_table(TOY_TARGET), oracle.constant_table(TOY_DRAFT)
+    token = oracle.expected_accepted("token", p, q, (), 2)
+    block = oracle.expected_accepted("block", p, q, (), 2)
+    assert abs(token - float(Fraction(10, 9))) < 1e-12
+    assert abs(block - float(Fraction(11, 9))) < 1e-12
+
+
+def test_block_never_worse_than_token():
+    """Theorem 2 on 120 random instances: E[tau] of block >= token, strictly on most."""
+    strictly_better = 0
+    instances = 0
+    for seed in range(40):
+        for vocab_size, gamma in [(3, 2), (4, 3), (3, 4)]:
+            p = oracle.RandomTable(vocab_size, seed=1000 + seed, concentration=0.5)
+            q = oracle.RandomTable(vocab_size, seed=2000 + seed, concentration=0.5)
+            token = oracle.expected_accepted("token", p, q, (0,), gamma)
+            block = oracle.expected_accepted("block", p, q, (0,), gamma)
+            assert block >= token - 1e-12, (seed, vocab_size, gamma, block, token)
+            strictly_better += block > token + 1e-9
+            instances += 1
+    assert instances >= 100
+    assert strictly_better > 0.8 * instances
