@@ -37,7 +37,9 @@ def bench_point(batch_size: int, gamma: int, vocab_size: int, repeats: int) -> d
     draft_logits = target_logits[:, :gamma] + torch.randn(batch_size, gamma, vocab_size, generator=generator)
     params = SamplingParams(temperature=1.0)
     draft_probs = logits_to_probs(draft_logits, params)
-    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(batch_size, gamma)
+    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(
+        batch_size, gamma
+    )
     target_probs = logits_to_probs(target_logits, params)
     uniforms = draw_uniforms(batch_size, gamma, generator)
     times = {}
@@ -55,7 +57,9 @@ def bench_point(batch_size: int, gamma: int, vocab_size: int, repeats: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--gamma", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--vocab", type=int, nargs="+", default=[49152, 128256])
@@ -63,8 +67,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, best of {args.repeats} calls, microseconds per call\n")
-    print("| B | g | V | token | block | greedy | block/token | token (from logits) | block (from logits) | block/token (from logits) |")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, best of {args.repeats} calls, microseconds per call\n"
+    )
+    print(
+        "| B | g | V | token | block | greedy | block/token | token (from logits) | block (from logits) | block/token (from logits) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for batch_size, gamma, vocab_size in itertools.product(args.batch, args.gamma, args.vocab):
         t = {k: v * 1e6 for k, v in bench_point(batch_size, gamma, vocab_size, args.repeats).items()}

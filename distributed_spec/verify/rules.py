@@ -88,7 +88,9 @@ def _check_inputs(
             f"draft_probs must be [B, g, V] = [{batch_size}, {gamma}, {vocab_size}], got {tuple(draft_probs.shape)}"
         )
     if num_draft_tokens.shape != (batch_size,):
-        raise ValueError(f"num_draft_tokens must be [B] = [{batch_size}], got {tuple(num_draft_tokens.shape)}")
+        raise ValueError(
+            f"num_draft_tokens must be [B] = [{batch_size}], got {tuple(num_draft_tokens.shape)}"
+        )
     # Host syncs: input validation must raise here, before any token is produced.
     if bool(((num_draft_tokens < 0) | (num_draft_tokens > gamma)).any()):
         raise ValueError(f"num_draft_tokens must lie in [0, g={gamma}], got {num_draft_tokens.tolist()}")
@@ -133,7 +135,9 @@ def _vocab_sums(
     # Host sync: a non-finite input must raise instead of producing a silent NaN token.
     finite = bool(target_sums.isfinite().all()) and (draft_sums is None or bool(draft_sums.isfinite().all()))
     if not finite:
-        raise ValueError("target_probs or draft_probs hold NaN or inf; check the model logits and sampling settings")
+        raise ValueError(
+            "target_probs or draft_probs hold NaN or inf; check the model logits and sampling settings"
+        )
     return target_sums, draft_sums, residual_masses
 
 
@@ -294,7 +298,9 @@ def verify_greedy(
     target_sums, _, _ = _vocab_sums(target_probs, None)
     target_argmax = target_probs.argmax(dim=-1)  # [B, g+1]
     positions = torch.arange(gamma, device=draft_ids.device)
-    passes = (draft_ids == target_argmax[:, :gamma]) & (positions.unsqueeze(0) < num_draft_tokens.unsqueeze(1))
+    passes = (draft_ids == target_argmax[:, :gamma]) & (
+        positions.unsqueeze(0) < num_draft_tokens.unsqueeze(1)
+    )
     accepted_counts = _prefix_length(passes)
     next_tokens = target_argmax.gather(1, accepted_counts.unsqueeze(1)).squeeze(1)
     return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))

@@ -103,7 +103,9 @@ def iteration_outcomes(method: str, p: Table, q: Table, context: tuple[int, ...]
                 # A control that must fail the lossless check: the correction drawn from p itself.
                 y_dist = p_dists[tau]
             else:
-                y_dist = _normalise([max(scales[tau] * a - b, 0.0) for a, b in zip(p_dists[tau], q_dists[tau])])
+                y_dist = _normalise(
+                    [max(scales[tau] * a - b, 0.0) for a, b in zip(p_dists[tau], q_dists[tau])]
+                )
             for y, y_prob in enumerate(y_dist):
                 if y_prob > 0.0:
                     outcomes[(tau, draft[:tau] + (y,))] += draft_prob * tau_prob * y_prob
@@ -147,7 +149,9 @@ def speculative_sequence_distribution(
     return dict(result)
 
 
-def target_sequence_distribution(p: Table, context: tuple[int, ...], length: int) -> dict[tuple[int, ...], float]:
+def target_sequence_distribution(
+    p: Table, context: tuple[int, ...], length: int
+) -> dict[tuple[int, ...], float]:
     """Exact distribution of `length` tokens sampled autoregressively from the target."""
     vocab_size = len(p(context))
     result = {}
