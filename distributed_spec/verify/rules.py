@@ -212,6 +212,36 @@ def block_acceptance_probs(
     return torch.exp(cumulative - running_max)
 
 
+def block_accepted_counts(
+    r: torch.Tensor,
+    residual_masses: torch.Tensor | None,
+    num_draft_tokens: torch.Tensor,
+    eta: torch.Tensor,
+) -> torch.Tensor:
+    """tau of block verification from r_i and Z_i: the largest i with eta_i < h_i, else 0.
+
+    Args:
+        r: r_1..r_g [B, g] float64 (may be None when g = 0)
+        residual_masses: Z_1..Z_{g-1} [B, g-1] (None when g <= 1)
+        num_draft_tokens: n [B] long; h_n = r_n, positions past n are never chosen
+        eta: [B, g] uniforms
+    Returns:
+        accepted_counts [B] long
+    """
+    gamma = eta.shape[1]
+    if gamma == 0:
+        return torch.zeros_like(num_draft_tokens)
+    positions = torch.arange(1, gamma + 1, device=r.device)  # i = 1..g
+    h = r.clone()
+    if gamma > 1:
+        z = residual_masses.double()
+        denominator = z + 1.0 - r[:, :-1]
+        h[:, :-1] = torch.where(denominator > 0, z / denominator.clamp(min=1e-300), 1.0)
+    n = num_draft_tokens.unsqueeze(1)
+    h = torch.where(positions == n, r, torch.where(positions < n, h, 0.0))
+    return ((eta < h).long() * positions).amax(dim=1)
+
+
 def verify_block(
     draft_ids: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -231,18 +261,8 @@ def verify_block(
     batch_size, gamma = draft_ids.shape
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
     r = block_acceptance_probs(_on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids))
-    positions = torch.arange(1, gamma + 1, device=draft_ids.device)  # i = 1..g
     _, _, residual_masses = _vocab_sums(target_probs, draft_probs, r[:, :-1] if gamma > 1 else None)
-    h = r.clone()
-    if gamma > 1:
-        z = residual_masses.double()
-        denominator = z + 1.0 - r[:, :-1]
-        h[:, :-1] = torch.where(denominator > 0, z / denominator.clamp(min=1e-300), 1.0)
-    # h_n = r_n at each row's last real draft; padded positions are never chosen.
-    n = num_draft_tokens.unsqueeze(1)
-    h = torch.where(positions == n, r, torch.where(positions < n, h, 0.0))
-    passes = uniforms.eta < h
-    accepted_counts = (passes.long() * positions).amax(dim=1) if gamma > 0 else num_draft_tokens * 0
+    accepted_counts = block_accepted_counts(r, residual_masses, num_draft_tokens, uniforms.eta)
     r_padded = torch.cat([r.new_ones(batch_size, 1), r], dim=1)  # r_0 = 1
     residual_scales = r_padded.gather(1, accepted_counts.unsqueeze(1)).squeeze(1)
     next_tokens = _sample_next_tokens(

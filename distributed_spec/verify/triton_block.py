@@ -325,14 +325,16 @@ if triton is not None:
         GAMMA: tl.constexpr,
         BLOCK_V: tl.constexpr,
     ):
-        row_pos = tl.program_id(0)  # row * (g+1) + position
+        # int64: row * (g+1) * V passes 2^31 at B ~ 1900 rows of V = 128256.
+        row_pos = tl.program_id(0).to(tl.int64)  # row * (g+1) + position
         blk = tl.program_id(1)
         row = row_pos // (GAMMA + 1)
         pos = row_pos % (GAMMA + 1)
         n = tl.load(num_draft_tokens_ptr + row)
         offs = blk * BLOCK_V + tl.arange(0, BLOCK_V)
-        # Positions beyond n + 1 are padding: masked loads read nothing.
-        mask = (offs < V) & (pos <= n)
+        # Positions beyond n + 1 are padding: masked loads read nothing. (A scalar condition is
+        # folded into the bound: the interpreter rejects scalar & vector masks.)
+        mask = offs < tl.where(pos <= n, V, 0)
         threshold = tl.load(thresholds_ptr + row_pos)
         x = _warped_logits(logits_ptr + row_pos * V, offs, mask, threshold, temperature)
         bmax = tl.max(x, axis=0)
@@ -360,7 +362,9 @@ if triton is not None:
         NB_PAD: tl.constexpr,
         METHOD: tl.constexpr,
     ):
-        row_t = tl.program_id(0)  # row * g + t: the residual of tau = t uses p_t, q_t (0-based) and r_t
+        row_t = tl.program_id(0).to(
+            tl.int64
+        )  # row * g + t: the residual of tau = t uses p_t, q_t (0-based) and r_t
         blk = tl.program_id(1)
         row = row_t // GAMMA
         t = row_t % GAMMA
@@ -407,7 +411,7 @@ if triton is not None:
             needed = (t < n) & (t == tau)
         m, s = _position_stats(block_max_ptr, block_sum_ptr, (row * (GAMMA + 1) + t) * NB, NB, NB_PAD)
         offs = blk * BLOCK_V + tl.arange(0, BLOCK_V)
-        mask = (offs < V) & needed
+        mask = offs < tl.where(needed, V, 0)
         threshold = tl.load(thresholds_ptr + row * (GAMMA + 1) + t)
         x = _warped_logits(logits_ptr + (row * (GAMMA + 1) + t) * V, offs, mask, threshold, temperature)
         p = tl.where(x == float("-inf"), 0.0, tl.exp(x - m) / s)
@@ -439,7 +443,7 @@ if triton is not None:
         NB_PAD: tl.constexpr,
         METHOD: tl.constexpr,
     ):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)
         n = tl.load(num_draft_tokens_ptr + row)
         blocks = tl.arange(0, NB_PAD)
         in_vocab_blocks = blocks < NB
@@ -469,7 +473,7 @@ if triton is not None:
                 # Z_i is the residual at 0-based position i (p_{i+1} of the paper) with scale r_i.
                 z_masses = tl.load(
                     residual_masses_ptr + (row * GAMMA + i) * NB + blocks,
-                    mask=in_vocab_blocks & (i < n),
+                    mask=blocks < tl.where(i < n, NB, 0),
                     other=0.0,
                 )
                 z = tl.sum(z_masses.to(tl.float64), axis=0)
@@ -501,7 +505,7 @@ if triton is not None:
         # The distribution of Y: the residual at tau, or p_tau (bonus, or a residual of zero mass).
         residual = tl.load(
             residual_masses_ptr + (row * GAMMA + tau) * NB + blocks,
-            mask=in_vocab_blocks & (tau < n),
+            mask=blocks < tl.where(tau < n, NB, 0),
             other=0.0,
         ).to(tl.float64)
         use_target = (tau >= n) | ~(tl.sum(residual, axis=0) > 0)
@@ -524,11 +528,12 @@ if triton is not None:
         lane = tl.arange(0, BLOCK_V)
         offs = chosen * BLOCK_V + lane
         mask = offs < V
+        q_mask = offs < tl.where(use_target, 0, V)
         threshold = tl.load(thresholds_ptr + row_pos)
         x = _warped_logits(logits_ptr + row_pos * V, offs, mask, threshold, temperature)
         p = tl.where(x == float("-inf"), 0.0, tl.exp(x - m) / s)
         q_pos = tl.maximum(tl.minimum(tau, GAMMA - 1), 0)
-        q = tl.load(draft_probs_ptr + (row * GAMMA + q_pos) * V + offs, mask=mask & ~use_target, other=0.0)
+        q = tl.load(draft_probs_ptr + (row * GAMMA + q_pos) * V + offs, mask=q_mask, other=0.0)
         w = scale.to(tl.float32) * p - q.to(tl.float32)
         weights = tl.where(use_target, p, tl.where(w > 0, w, 0.0))
         local = before + tl.cumsum(weights.to(tl.float64), axis=0)
