@@ -1,0 +1,190 @@
+"""Typed configuration and results of the single-process engine.
+
+from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distributed_spec.verify import VERIFY_METHODS, SamplingParams
+
+# "autoregressive" runs the target alone through the same loop: the baseline.
+ENGINE_METHODS = (*VERIFY_METHODS, "autoregressive")
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine decodes; every field is validated on construction."""
+
+    # Verifier: "block", "token", "greedy", or "autoregressive" (target only, no draft).
+    method: str = "block"
+    # Draft block length g: tokens the draft proposes per iteration (ignored by "autoregressive").
+    gamma: int = 4
+    # Warping applied to draft and target logits alike (temperature 0 = greedy).
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Tokens to generate per prompt at most (finish_reason "length" when reached).
+    max_new_tokens: int = 64
+    # Prompts decoded together; longer prompt lists are split into batches of this size.
+    max_batch_size: int = 8
+    # Seed of the torch.Generator that draws every uniform of a run.
+    seed: int = 0
+    # Token ids that end a sequence (kept as its last token; finish_reason "eos").
+    eos_token_ids: tuple[int, ...] = ()
+    # Strings that end a sequence once its decoded text contains one (needs a tokenizer).
+    stop_strings: tuple[str, ...] = ()
+    # A runner compacts its KV cache once padding and rejected slots exceed this fraction of it.
+    compact_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling, dict):
+            # From YAML/JSON (e.g. a Hydra config group): {"temperature": ..., "top_k": ..., "top_p": ...}.
+            self.sampling = SamplingParams(**self.sampling)
+        if self.method not in ENGINE_METHODS:
+            raise ValueError(f"engine.method must be one of {ENGINE_METHODS}, got {self.method!r}")
+        if self.method != "autoregressive" and self.gamma < 1:
+            raise ValueError(f"engine.gamma (draft block length) must be >= 1, got {self.gamma}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not 0.0 < self.compact_fraction <= 1.0:
+            raise ValueError(f"engine.compact_fraction must be in (0, 1], got {self.compact_fraction}")
+        self.eos_token_ids = tuple(int(token_id) for token_id in self.eos_token_ids)
+        self.stop_strings = tuple(self.stop_strings)
+        if any(not stop for stop in self.stop_strings):
+            raise ValueError("engine.stop_strings must not contain an empty string")
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.method != "autoregressive"
+
+
+@dataclass
+class RowStats:
+    """What one prompt cost."""
+
+    # Tokens generated for this prompt (the output length).
+    num_tokens: int = 0
+    # Decoding iterations this row took part in = target calls it needed (prefill excluded).
+    num_iterations: int = 0
+    # Draft tokens accepted over all iterations.
+    num_accepted: int = 0
+
+    @property
+    def block_efficiency(self) -> float:
+        """Tokens per target call, counting the correction/bonus token; in [1, g+1]."""
+        return self.num_tokens / max(self.num_iterations, 1)
+
+
+@dataclass
+class RunStats:
+    """What a run (one or more batches) cost; `merge` adds two runs."""
+
+    gamma: int = 0
+    # Batched forward passes (each serves every active row at once), decoding only.
+    num_target_calls: int = 0
+    num_draft_calls: int = 0
+    # Batched prefill forwards (one per batch and model).
+    num_prefill_calls: int = 0
+    # Tokens generated over all rows.
+    num_tokens: int = 0
+    # Sum over target calls of the rows they served: the denominator of block efficiency.
+    num_row_iterations: int = 0
+    # [g] per draft position i: rows that verified a draft token at i / rows that kept it.
+    num_proposed_per_position: list[int] = field(default_factory=list)
+    num_accepted_per_position: list[int] = field(default_factory=list)
+    # Wall-clock seconds: prefill of both models, draft proposals, target scoring, verification, and
+    # everything else (cache rollback/compaction, bookkeeping, stop checks).
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def block_efficiency(self) -> float:
+        """Tokens per target call per row, counting the correction/bonus token (DESIGN.md section 4)."""
+        return self.num_tokens / max(self.num_row_iterations, 1)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.num_accepted_per_position) / max(self.num_row_iterations, 1)
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """[g] fraction of the iterations verifying draft position i in which it was kept."""
+        return [
+            accepted / proposed if proposed else 0.0
+            for accepted, proposed in zip(self.num_accepted_per_position, self.num_proposed_per_position)
+        ]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def merge(self, other: RunStats) -> RunStats:
+        gamma = max(self.gamma, other.gamma)
+
+        def padded(counts: list[int]) -> list[int]:
+            return counts + [0] * (gamma - len(counts))
+
+        return RunStats(
+            gamma=gamma,
+            num_target_calls=self.num_target_calls + other.num_target_calls,
+            num_draft_calls=self.num_draft_calls + other.num_draft_calls,
+            num_prefill_calls=self.num_prefill_calls + other.num_prefill_calls,
+            num_tokens=self.num_tokens + other.num_tokens,
+            num_row_iterations=self.num_row_iterations + other.num_row_iterations,
+            num_proposed_per_position=[
+                a + b
+                for a, b in zip(
+                    padded(self.num_proposed_per_position), padded(other.num_proposed_per_position)
+                )
+            ],
+            num_accepted_per_position=[
+                a + b
+                for a, b in zip(
+                    padded(self.num_accepted_per_position), padded(other.num_accepted_per_position)
+                )
+            ],
+            prefill_s=self.prefill_s + other.prefill_s,
+            draft_s=self.draft_s + other.draft_s,
+            target_s=self.target_s + other.target_s,
+            verify_s=self.verify_s + other.verify_s,
+            other_s=self.other_s + other.other_s,
+            total_s=self.total_s + other.total_s,
+        )
+
+    def as_dict(self) -> dict[str, float | int | list[float]]:
+        """Flat metrics for logging (W&B, console, JSON)."""
+        return {
+            "num_target_calls": self.num_target_calls,
+            "num_draft_calls": self.num_draft_calls,
+            "num_prefill_calls": self.num_prefill_calls,
+            "num_tokens": self.num_tokens,
+            "block_efficiency": self.block_efficiency,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "tokens_per_s": self.tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "target_s": self.target_s,
+            "verify_s": self.verify_s,
+            "other_s": self.other_s,
+            "total_s": self.total_s,
+        }
+
+
+@dataclass
+class GenerationResult:
+    """The output for one prompt."""
+
+    # Generated ids only (no prompt); ends with the EOS id when finish_reason == "eos", never
+    # holds a token past EOS, a stop string or max_new_tokens.
+    token_ids: list[int]
+    # "eos", "stop" or "length".
+    finish_reason: str
+    stats: RowStats

@@ -1,0 +1,199 @@
+"""ModelRunner: one causal LM plus its batched KV cache, driven by a few verbs.
+
+    from distributed_spec.engine.runner import ModelRunner
+
+The same class serves the draft and the target (and, in the Ray runtime, each tensor-parallel shard
+of the target). Its verbs: `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
+
+How a batch of ragged rows lives in one cache (exact, no recompute):
+- The cache has L slots per row (a `transformers.DynamicCache`, [B, H, L, D] per layer) and
+  `slot_mask` [B, L] says which slots hold a kept token of that row (1) and which are padding (0).
+- Prompts are left-padded. Every forward appends n slots to every row; `input_mask` [B, n] marks
+  the slots that are real tokens of the row, so rows may feed different numbers of tokens.
+- Position ids are explicit per row: a token's position is the number of kept slots before it
+  (`slot_mask.sum(-1)`), so padding and holes never shift positions.
+- Attention uses causal order over slots AND the slot mask, so a masked slot (padding, or a rejected
+  draft token) is invisible to every later query: the result is the one of a forward over the kept
+  tokens alone (up to float summation order; tested to 1e-5).
+- `rollback(num_kept, num_new_slots)` keeps, per row, the first num_kept[b] of the last
+  num_new_slots slots: it crops (DynamicCache.crop) the slots past the longest kept row, and masks
+  the rest of each shorter row (a hole). Holes cost attention work but never change results;
+  `compact` gathers every row's kept slots to the right (left padding again) and crops the leftover
+  columns; it runs by itself once holes and padding exceed `compact_fraction` of the cache.
+- `drop_rows` keeps a subset of rows (finished sequences stop costing work).
+Why holes rather than cropping every row to the shortest kept prefix and re-feeding the tokens the
+other rows kept: re-feeding recomputes up to g tokens per row and iteration; a hole costs one masked
+slot in attention until the next compaction, and nothing is ever recomputed.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class ModelRunner:
+    """A causal LM, its KV cache and the per-slot mask of the current batch."""
+
+    def __init__(self, model: PreTrainedModel, compact_fraction: float = 0.5) -> None:
+        if not 0.0 < compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction must be in (0, 1], got {compact_fraction}")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.compact_fraction = compact_fraction
+        # The logits' width; a sub-vocabulary draft head still returns logits over config.vocab_size.
+        self.vocab_size = int(model.config.vocab_size)
+        # transformers 5.x renamed `past_key_values` to `cache`; accept both.
+        forward_params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._can_keep_logits = "logits_to_keep" in forward_params
+        self.num_forward_calls = 0
+        self.cache: DynamicCache | None = None
+        # [B, L] long: 1 where slot l of row b holds a kept token.
+        self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.slot_mask.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_mask.shape[1]
+
+    def num_kept_tokens(self) -> torch.Tensor:
+        """[B] long: kept tokens per row, which is also the position id of the row's next token."""
+        return self.slot_mask.sum(dim=-1)
+
+    def reset(self, batch_size: int) -> None:
+        self.cache = DynamicCache()
+        self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[list[int]]) -> torch.Tensor | None:
+        """Start a new batch: left-pad the prompts and run them through the model in one forward.
+
+        Rows may be empty (nothing to cache yet). Returns the logits of each row's last prompt token
+        [B, V], or None when every row is empty (no forward was run); rows that are empty get
+        meaningless logits.
+        """
+        self.reset(len(prompt_ids))
+        max_len = max((len(ids) for ids in prompt_ids), default=0)
+        if max_len == 0:
+            return None
+        input_ids = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
+        input_mask = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
+        for row, ids in enumerate(prompt_ids):
+            if ids:
+                input_ids[row, max_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                input_mask[row, max_len - len(ids) :] = 1
+        logits = self.forward_tokens(input_ids.to(self.device), input_mask.to(self.device), num_logits=1)
+        return logits[:, -1]
+
+    @torch.no_grad()
+    def forward_tokens(
+        self, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None, num_logits: int | None = None
+    ) -> torch.Tensor:
+        """Append n slots to every row and return their logits.
+
+        Args:
+            input_ids: [B, n] long.
+            input_mask: [B, n] long/bool, 1 for real tokens; None means all real. Masked slots are
+                appended as padding (their logits are meaningless).
+            num_logits: return only the last num_logits positions (skips LM-head work); None = all n.
+        Returns:
+            logits: [B, num_logits or n, V] (the model's dtype).
+        """
+        if self.cache is None:
+            raise RuntimeError("ModelRunner.forward_tokens called before prefill/reset")
+        batch_size, num_new = input_ids.shape
+        if batch_size != self.batch_size:
+            raise ValueError(f"input_ids has {batch_size} rows, the cache holds {self.batch_size}")
+        if input_mask is None:
+            input_mask = torch.ones_like(input_ids)
+        input_mask = input_mask.to(torch.long)
+        # Position of each new token = kept slots before it in its row; padding slots reuse a valid id.
+        position_ids = self.num_kept_tokens()[:, None] + input_mask.cumsum(dim=-1) - 1
+        position_ids = position_ids.clamp(min=0)
+        self.slot_mask = torch.cat([self.slot_mask, input_mask], dim=-1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.slot_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_kwarg: self.cache},
+            **({"logits_to_keep": num_logits} if num_logits and self._can_keep_logits else {}),
+        )
+        self.num_forward_calls += 1
+        logits = out.logits  # [B, n or num_logits, V]
+        return logits[:, -num_logits:] if num_logits else logits
+
+    def rollback(self, num_kept: torch.Tensor, num_new_slots: int) -> None:
+        """Keep the first num_kept[b] of the last `num_new_slots` slots of each row; drop the rest.
+
+        Args:
+            num_kept: [B] long in [0, num_new_slots].
+        """
+        if num_new_slots == 0:
+            return
+        # Host sync: the crop length is a Python int (the cache is cropped on the host side).
+        max_kept = int(num_kept.max()) if num_kept.numel() else 0
+        self._crop(self.num_slots - num_new_slots + max_kept)
+        tail = self.slot_mask[:, self.num_slots - max_kept :]
+        offsets = torch.arange(max_kept, device=self.device)[None, :]
+        tail.mul_((offsets < num_kept[:, None].to(self.device)).to(tail.dtype))
+        self._maybe_compact()
+
+    def drop_rows(self, keep_rows: torch.Tensor) -> None:
+        """Keep only the rows `keep_rows` ([B'] long indices, in the new order)."""
+        keep_rows = keep_rows.to(self.device)
+        if self.cache is not None:
+            self.cache.batch_select_indices(keep_rows)
+        self.slot_mask = self.slot_mask[keep_rows]
+        self._maybe_compact()
+
+    def compact(self) -> None:
+        """Gather each row's kept slots to the right end (left padding) and crop the unused columns."""
+        if self.cache is None or self.batch_size == 0:
+            return
+        num_kept = self.num_kept_tokens()
+        # Host sync: the new cache length is a Python int.
+        new_len = int(num_kept.max())
+        # Stable sort puts padding slots (0) first and kept slots (1) last, each in slot order.
+        order = torch.sort(self.slot_mask, dim=-1, stable=True).indices[:, self.num_slots - new_len :]
+        _gather_slots(self.cache, order)
+        self.slot_mask = torch.gather(self.slot_mask, 1, order)
+
+    def _crop(self, new_len: int) -> None:
+        num_removed = self.num_slots - new_len
+        if num_removed > 0:
+            # transformers 5.x takes a negative count of slots to remove.
+            self.cache.crop(-num_removed)
+            self.slot_mask = self.slot_mask[:, :new_len]
+
+    def _maybe_compact(self) -> None:
+        if self.batch_size == 0 or self.num_slots == 0:
+            return
+        # Host sync: deciding whether to compact needs the longest row's length.
+        num_unused = self.num_slots - int(self.num_kept_tokens().max())
+        if num_unused > self.compact_fraction * self.num_slots:
+            self.compact()
+
+
+def _gather_slots(cache: DynamicCache, order: torch.Tensor) -> None:
+    """Replace every layer's keys and values [B, H, L, D] by their slots `order` [B, L'] (in place)."""
+
+    def gathered(states: torch.Tensor) -> torch.Tensor:
+        index = order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+        return torch.gather(states, 2, index)
+
+    if hasattr(cache, "layers"):  # recent transformers: one cache object per layer
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+                layer.keys, layer.values = gathered(layer.keys), gathered(layer.values)
+    else:  # older transformers: parallel lists of tensors
+        for index, keys in enumerate(cache.key_cache):
+            if keys.numel() > 0:
+                cache.key_cache[index] = gathered(keys)
+                cache.value_cache[index] = gathered(cache.value_cache[index])

@@ -1,0 +1,107 @@
+"""The per-iteration steps of speculative decoding, as plain functions over ModelRunners.
+
+    from distributed_spec.engine.steps import propose, score, commit_target, commit_draft
+
+The single-process loop (speculative.py) calls them in this order; the Ray coordinator replays the
+same order with the draft runner in one actor and the target runner in each shard actor.
+
+Invariant between iterations, per row: both caches hold exactly the kept tokens except the last one,
+`last_ids` (Y); the draft additionally lacks X_g when all g drafts were accepted (it never fed X_g),
+so its pending input is `draft_input_ids` [B, 2] = [X_g or padding, Y] with `draft_input_mask`.
+
+One iteration (g draft tokens, n[b] <= g of them verified in row b):
+1. propose: the draft feeds its pending input, then samples X_1..X_g one at a time from its warped
+   probabilities q (feeding X_1..X_{g-1}); its cache gains the pending slots (kept) + g-1 slots.
+2. score: the target feeds [Y, X_1..X_g] in ONE forward: p_1..p_{g+1}; its cache gains g+1 slots.
+3. verify (distributed_spec.verify): tau[b] accepted drafts and the next token Y'[b].
+4. commit: the target keeps 1 + tau of its g+1 new slots; the draft keeps min(tau, g-1) of its
+   g-1 speculative slots; the next draft input is [X_g if tau == g, Y'].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from distributed_spec.engine.runner import ModelRunner
+from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
+
+
+def propose(
+    draft: ModelRunner,
+    draft_input_ids: torch.Tensor,
+    draft_input_mask: torch.Tensor,
+    gamma: int,
+    params: SamplingParams,
+    draft_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft proposes g tokens autoregressively.
+
+    Args:
+        draft_input_ids: [B, k] pending tokens (already kept), last column = Y.
+        draft_input_mask: [B, k] 1 for real tokens (left padding).
+        draft_uniforms: [B, g] float64 in [0, 1), one per sampled draft token.
+    Returns:
+        draft_ids [B, g] long, draft_probs [B, g, V] float32 (q_i, warped).
+    """
+    logits = draft.forward_tokens(draft_input_ids, draft_input_mask, num_logits=1)[:, -1]  # [B, V]
+    draft_ids, draft_probs = [], []
+    for i in range(gamma):
+        probs = logits_to_probs(logits, params)  # [B, V]
+        token_ids = sample_from_probs(probs, draft_uniforms[:, i].to(probs.device))  # [B]
+        draft_ids.append(token_ids)
+        draft_probs.append(probs)
+        if i < gamma - 1:
+            logits = draft.forward_tokens(token_ids[:, None])[:, 0]
+    return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1)
+
+
+def score(
+    target: ModelRunner, last_ids: torch.Tensor, draft_ids: torch.Tensor, params: SamplingParams
+) -> torch.Tensor:
+    """The target scores the g+1 positions of the block in one forward pass.
+
+    Args:
+        last_ids: [B] Y, the last kept token of each row (not yet in the target's cache).
+        draft_ids: [B, g] (g may be 0: plain autoregressive decoding).
+    Returns:
+        target_probs: [B, g+1, V] float32 (p_1..p_{g+1}, warped).
+    """
+    input_ids = torch.cat([last_ids[:, None], draft_ids], dim=1)  # [B, g+1]
+    return logits_to_probs(target.forward_tokens(input_ids), params)
+
+
+def commit_target(target: ModelRunner, accepted_counts: torch.Tensor, gamma: int) -> None:
+    """Roll the target's cache back to the kept prefix: keep Y and the tau accepted drafts.
+
+    Args:
+        accepted_counts: [B] long tau in [0, g].
+    """
+    target.rollback(accepted_counts + 1, gamma + 1)
+
+
+def commit_draft(
+    draft: ModelRunner, draft_ids: torch.Tensor, accepted_counts: torch.Tensor, next_tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Roll the draft's cache back to the kept prefix and build its next pending input.
+
+    Args:
+        draft_ids: [B, g]; accepted_counts: [B] tau; next_tokens: [B] Y'.
+    Returns:
+        draft_input_ids [B, 2] = [X_g, Y'], draft_input_mask [B, 2] = [tau == g, 1].
+    """
+    gamma = draft_ids.shape[1]
+    draft.rollback(accepted_counts.clamp(max=gamma - 1), gamma - 1)
+    draft_input_ids = torch.stack([draft_ids[:, -1], next_tokens], dim=1)
+    draft_input_mask = torch.stack([(accepted_counts == gamma).long(), torch.ones_like(next_tokens)], dim=1)
+    return draft_input_ids, draft_input_mask
+
+
+def sample_autoregressive(target_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The baseline's verify step: sample Y from p_1.
+
+    Args:
+        target_probs: [B, 1, V]; u: [B] float64 uniforms.
+    Returns:
+        next_tokens [B] long.
+    """
+    return sample_from_probs(target_probs[:, 0], u.to(target_probs.device))

@@ -1,0 +1,261 @@
+"""Load target and draft models (hub id, local safetensors directory, GGUF file, embedded SmolLM2).
+
+    from distributed_spec.models import ModelSpec, load_pair
+    target, draft = load_pair(ModelSpec("smollm2"), ModelSpec(kind="truncated", num_layers=4))
+
+Weights are read as safetensors (`use_safetensors=True`) or GGUF, never pickles; remote code runs only
+when a spec sets `trust_remote_code`. Draft kinds that derive from the loaded target:
+- "truncated": the target's first `num_layers` decoder layers with its embeddings, final norm and LM
+  head, sharing their weights (no copy, no training; a weak but exact-vocabulary draft);
+- "distilled": `distributed_spec.models.distilled.load_distilled_draft(source, target_model)`.
+Draft and target must share a vocabulary: `check_shared_vocabulary` compares tokenizer vocabularies
+(when both have a tokenizer) and logit widths (config.vocab_size), and names both models when they differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from distributed_spec.models.fetch import smollm2_gguf_path
+
+logger = logging.getLogger(__name__)
+
+MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled")
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+@dataclass
+class ModelSpec:
+    """Where a model comes from and how it is placed; validated on construction."""
+
+    # "smollm2" (the embedded default), a hub id, a local directory, a .gguf path, or, for
+    # kind="distilled", the distilled checkpoint directory. Ignored by kind="truncated".
+    source: str = "smollm2"
+    # How to read `source`; "auto" infers smollm2 / gguf / dir / hub from it.
+    kind: str = "auto"
+    # "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16" or "float64".
+    dtype: str = "auto"
+    # torch device string: "cpu", "cuda", "cuda:1", ...
+    device: str = "cpu"
+    # kind="truncated": how many of the target's first decoder layers the draft keeps.
+    num_layers: int | None = None
+    # Run model code shipped with a hub repository (off unless asked for).
+    trust_remote_code: bool = False
+    # Hub revision (branch, tag or commit); None means the default branch.
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"model dtype must be 'auto' or one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.kind == "truncated" and (self.num_layers is None or self.num_layers < 1):
+            raise ValueError(f"model kind 'truncated' needs num_layers >= 1, got {self.num_layers}")
+
+    @property
+    def resolved_kind(self) -> str:
+        if self.kind != "auto":
+            return self.kind
+        if self.source == "smollm2":
+            return "smollm2"
+        if self.source.endswith(".gguf"):
+            return "gguf"
+        if Path(self.source).is_dir():
+            return "dir"
+        return "hub"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode on its device, its tokenizer (None when the source has none) and a name."""
+
+    model: PreTrainedModel
+    tokenizer: object | None
+    name: str
+    spec: ModelSpec
+
+
+def load_model(spec: ModelSpec, target: LoadedModel | None = None, role: str = "model") -> LoadedModel:
+    """Load one model; `target` is required for the draft kinds "truncated" and "distilled"."""
+    kind = spec.resolved_kind
+    if kind in ("truncated", "distilled"):
+        if target is None:
+            raise ValueError(f"{role} kind {kind!r} derives from the target: load the target first")
+        # The derived draft shares modules with the target: moving or casting it would move the target.
+        target_param = next(target.model.parameters())
+        explicit_dtype = spec.dtype != "auto" and spec.torch_dtype != target_param.dtype
+        if explicit_dtype or torch.device(spec.device).type != target_param.device.type:
+            raise ValueError(
+                f"{role} kind {kind!r} runs on the target's device and dtype ({target_param.device}, "
+                f"{target_param.dtype}): set {role}.device and {role}.dtype to match the target, or leave dtype 'auto'"
+            )
+        if kind == "truncated":
+            model = truncated_draft(target.model, spec.num_layers)
+            name = f"{target.name}[:{spec.num_layers} layers]"
+        else:
+            # Imported lazily: distilled.py is optional and pulls in the distillation code.
+            from distributed_spec.models.distilled import load_distilled_draft
+
+            model = load_distilled_draft(spec.source, target.model)
+            name = f"distilled:{spec.source}"
+        return LoadedModel(model=model.eval(), tokenizer=target.tokenizer, name=name, spec=spec)
+
+    if kind == "smollm2":
+        location, extra, name = str(smollm2_converted_dir()), {"use_safetensors": True}, "smollm2"
+    elif kind == "gguf":
+        gguf_path = Path(spec.source)
+        if not gguf_path.is_file():
+            raise ValueError(f"{role} source {spec.source!r} is not a GGUF file")
+        location, extra, name = str(gguf_path.parent), {"gguf_file": gguf_path.name}, str(gguf_path)
+    elif kind == "dir":
+        if not Path(spec.source).is_dir():
+            raise ValueError(f"{role} source {spec.source!r} is not a directory")
+        location, extra, name = spec.source, {"use_safetensors": True}, spec.source
+    else:
+        location, extra, name = spec.source, {"use_safetensors": True}, spec.source
+        if spec.revision is not None:
+            extra["revision"] = spec.revision
+    logger.info("loading %s %s (%s) as %s on %s", role, name, kind, spec.torch_dtype, spec.device)
+    model = AutoModelForCausalLM.from_pretrained(
+        location, dtype=spec.torch_dtype, trust_remote_code=spec.trust_remote_code, **extra
+    )
+    tokenizer_extra = {key: value for key, value in extra.items() if key != "use_safetensors"}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, trust_remote_code=spec.trust_remote_code, **tokenizer_extra
+        )
+    except (OSError, ValueError) as error:
+        logger.warning(
+            "%s %s has no loadable tokenizer (%s); vocabulary checks use sizes only", role, name, error
+        )
+        tokenizer = None
+    return LoadedModel(model=model.to(spec.device).eval(), tokenizer=tokenizer, name=name, spec=spec)
+
+
+def smollm2_converted_dir() -> Path:
+    """The embedded SmolLM2 as a float32 safetensors directory, converted from its GGUF on first use.
+
+    De-quantising the GGUF and rebuilding its tokenizer takes about a minute on a busy CPU; the
+    converted copy (about 540 MB, beside the .gguf) loads in seconds. Written to a temporary
+    directory and renamed into place, so an interrupted conversion never leaves a partial copy.
+    """
+    gguf_path = smollm2_gguf_path()
+    converted = gguf_path.parent / "hf-float32"
+    if (converted / "model.safetensors").is_file():
+        return converted
+    logger.info("converting %s to safetensors in %s (once)", gguf_path.name, converted)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    staging = Path(tempfile.mkdtemp(prefix="hf-float32-", dir=gguf_path.parent))
+    staging.chmod(0o755)
+    try:
+        model.config.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        state = {key: value.contiguous() for key, value in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            # Tied to the input embeddings: safetensors refuses shared storage, and loading re-ties it.
+            state.pop("lm_head.weight", None)
+        save_file(state, staging / "model.safetensors", metadata={"format": "pt"})
+        os.replace(staging, converted)
+    except OSError:
+        # Another process finished the same conversion first: use its copy.
+        if not (converted / "model.safetensors").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return converted
+
+
+def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec) -> tuple[LoadedModel, LoadedModel]:
+    """Load the target, then the draft (which may derive from it), and check their vocabularies match."""
+    target = load_model(target_spec, role="target")
+    draft = load_model(draft_spec, target=target, role="draft")
+    check_shared_vocabulary(target, draft)
+    return target, draft
+
+
+def _output_vocab_size(model: PreTrainedModel) -> int:
+    """Width of the model's logits (a sub-vocabulary draft head still returns config.vocab_size logits)."""
+    return int(model.config.vocab_size)
+
+
+def check_shared_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise ValueError, naming both models, unless draft and target share token ids and logit width."""
+    problem = None
+    target_size, draft_size = _output_vocab_size(target.model), _output_vocab_size(draft.model)
+    if target_size != draft_size:
+        problem = f"vocabulary sizes (config.vocab_size) differ ({target_size} vs {draft_size})"
+    elif (
+        target.tokenizer is not None
+        and draft.tokenizer is not None
+        and target.tokenizer is not draft.tokenizer
+    ):
+        target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+        if target_vocab != draft_vocab:
+            differing = sorted(set(target_vocab.items()) ^ set(draft_vocab.items()))[:3]
+            problem = (
+                f"tokenizer vocabularies differ ({len(target_vocab)} vs {len(draft_vocab)} tokens; "
+                f"e.g. {differing})"
+            )
+    if problem is not None:
+        raise ValueError(
+            f"draft {draft.name!r} and target {target.name!r} do not share a vocabulary: {problem}. "
+            "Speculative decoding compares their probabilities token by token: pick a draft "
+            "trained with the target's tokenizer (draft.source)"
+        )
+
+
+def truncated_draft(target_model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A draft made of the target's first `num_layers` decoder layers, sharing all weights with it.
+
+    Works for decoder-only models laid out like Llama (`model.embed_tokens`, `model.layers`,
+    `model.norm`, `lm_head`).
+    """
+    inner = getattr(target_model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ValueError(
+            f"draft kind 'truncated' needs a Llama-like model, got {type(target_model).__name__}"
+        )
+    num_target_layers = len(inner.layers)
+    if not 1 <= num_layers <= num_target_layers:
+        raise ValueError(
+            f"draft num_layers must be in [1, {num_target_layers}] for this target, got {num_layers}"
+        )
+    config = copy.deepcopy(target_model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    # Built on the meta device (no allocation), then every module is replaced by the target's.
+    with torch.device("meta"):
+        draft = type(target_model)(config)
+    draft.model.embed_tokens = inner.embed_tokens
+    draft.model.layers = nn.ModuleList(inner.layers[:num_layers])
+    draft.model.norm = inner.norm
+    draft.model.rotary_emb = inner.rotary_emb
+    draft.lm_head = target_model.get_output_embeddings()
+    return draft.eval()

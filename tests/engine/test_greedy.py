@@ -1,0 +1,96 @@
+"""At temperature 0, speculative decoding emits exactly the target's greedy tokens.
+
+.venv/bin/python -m pytest tests/engine/test_greedy.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.verify import VERIFY_METHODS, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+MAX_NEW_TOKENS = 24
+PROMPTS = {1: [[5, 6, 7]], 4: [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14, 15], [30, 4]]}
+
+
+@pytest.fixture(scope="module")
+def autoregressive_outputs(tiny_pair):
+    target, _ = tiny_pair
+    engine = SpeculativeEngine(
+        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    )
+    return {batch_size: engine.generate(prompts) for batch_size, prompts in PROMPTS.items()}
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("method", VERIFY_METHODS)
+def test_greedy_speculative_equals_greedy_autoregressive(
+    tiny_pair, autoregressive_outputs, method, gamma, batch_size
+):
+    target, draft = tiny_pair
+    config = EngineConfig(method=method, gamma=gamma, sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[batch_size])
+    expected = autoregressive_outputs[batch_size]
+    assert [result.token_ids for result in results] == [result.token_ids for result in expected]
+    assert all(
+        len(result.token_ids) == MAX_NEW_TOKENS and result.finish_reason == "length" for result in results
+    )
+    # The draft agrees sometimes, but not always: both accept and reject paths were exercised.
+    assert 1.0 < stats.block_efficiency < gamma + 1
+    assert 0 < sum(stats.num_accepted_per_position) < sum(stats.num_proposed_per_position)
+    assert stats.num_tokens == batch_size * MAX_NEW_TOKENS
+
+
+def test_autoregressive_stats_count_one_target_call_per_token(tiny_pair, autoregressive_outputs):
+    target, _ = tiny_pair
+    engine = SpeculativeEngine(
+        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    )
+    _, stats = engine.generate_with_stats(PROMPTS[4])
+    assert stats.num_target_calls == MAX_NEW_TOKENS
+    assert stats.num_draft_calls == 0
+    assert stats.block_efficiency == 1.0
+
+
+@pytest.mark.parametrize("compact_fraction", [0.05, 1.0])
+def test_cache_compaction_policy_does_not_change_tokens(tiny_pair, autoregressive_outputs, compact_fraction):
+    """0.05: the caches compact after almost every iteration; 1.0: never (holes accumulate)."""
+    target, draft = tiny_pair
+    config = EngineConfig(
+        method="block",
+        gamma=4,
+        sampling=GREEDY,
+        max_new_tokens=MAX_NEW_TOKENS,
+        compact_fraction=compact_fraction,
+    )
+    engine = SpeculativeEngine(target, draft, config)
+    compactions = []
+    original_compact = engine.target_runner.compact
+
+    def counting_compact():
+        compactions.append(engine.target_runner.num_slots)
+        original_compact()
+
+    engine.target_runner.compact = counting_compact
+    results = engine.generate(PROMPTS[4])
+    assert [result.token_ids for result in results] == [
+        result.token_ids for result in autoregressive_outputs[4]
+    ]
+    assert (len(compactions) > 3) == (compact_fraction < 1.0)
+
+
+def test_single_token_prompts_need_no_prefill(tiny_pair):
+    target, draft = tiny_pair
+    prompts = [[5], [9], [30]]
+    common = {"sampling": GREEDY, "max_new_tokens": 10}
+    expected = SpeculativeEngine(target, None, EngineConfig(method="autoregressive", **common)).generate(
+        prompts
+    )
+    results, stats = SpeculativeEngine(
+        target, draft, EngineConfig(method="token", gamma=2, **common)
+    ).generate_with_stats(prompts)
+    assert [result.token_ids for result in results] == [result.token_ids for result in expected]
+    assert stats.num_prefill_calls == 0

@@ -1,0 +1,68 @@
+"""The iteration steps keep both caches equal to a fresh forward over the kept tokens.
+
+    .venv/bin/python -m pytest tests/engine/test_steps.py -q
+
+Drives propose -> score -> verify -> commit by hand for several iterations on a batch of 3 and, after
+every commit, checks that the next logits of target and draft (fed Y, and X_g for rows that accepted
+the whole block) equal those of a fresh forward over each row's kept sequence, to 1e-5. Both the
+rejection path and the all-accepted path (X_g re-fed to the draft) must occur.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from distributed_spec.engine import ModelRunner, commit_draft, commit_target, propose, score
+from distributed_spec.verify import SamplingParams, draw_uniforms, verify
+
+ATOL = 1e-5
+GAMMA = 3
+
+
+def _fresh_last_logits(model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0, -1]
+
+
+def test_commit_leaves_both_caches_at_the_kept_prefix(tiny_pair):
+    target_model, draft_model = tiny_pair
+    target, draft = ModelRunner(target_model), ModelRunner(draft_model)
+    sampling = SamplingParams(temperature=1.0)
+    generator = torch.Generator().manual_seed(0)
+    sequences = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    target.prefill([sequence[:-1] for sequence in sequences])
+    draft.prefill([sequence[:-1] for sequence in sequences])
+    last_ids = torch.tensor([sequence[-1] for sequence in sequences])
+    draft_input_ids, draft_input_mask = last_ids[:, None], torch.ones(3, 1, dtype=torch.long)
+    seen_counts = set()
+    for _ in range(8):
+        draft_uniforms = torch.rand(3, GAMMA, generator=generator, dtype=torch.float64)
+        draft_ids, draft_probs = propose(
+            draft, draft_input_ids, draft_input_mask, GAMMA, sampling, draft_uniforms
+        )
+        target_probs = score(target, last_ids, draft_ids, sampling)
+        verified = verify(
+            "token", draft_ids, draft_probs, target_probs, None, draw_uniforms(3, GAMMA, generator)
+        )
+        commit_target(target, verified.accepted_counts, GAMMA)
+        draft_input_ids, draft_input_mask = commit_draft(
+            draft, draft_ids, verified.accepted_counts, verified.next_tokens
+        )
+        for row, tau in enumerate(verified.accepted_counts.tolist()):
+            seen_counts.add(tau)
+            sequences[row] += draft_ids[row, :tau].tolist() + [verified.next_tokens[row].item()]
+        last_ids = verified.next_tokens
+        # Probe both caches without committing the probe.
+        target_logits = target.forward_tokens(last_ids[:, None])[:, 0]
+        target.rollback(torch.zeros(3, dtype=torch.long), 1)
+        draft_logits = draft.forward_tokens(draft_input_ids, draft_input_mask)[:, -1]
+        draft.rollback(torch.zeros(3, dtype=torch.long), draft_input_ids.shape[1])
+        for row, sequence in enumerate(sequences):
+            torch.testing.assert_close(
+                target_logits[row], _fresh_last_logits(target_model, sequence), atol=ATOL, rtol=0
+            )
+            torch.testing.assert_close(
+                draft_logits[row], _fresh_last_logits(draft_model, sequence), atol=ATOL, rtol=0
+            )
+        assert target.num_kept_tokens().tolist() == [len(sequence) - 1 for sequence in sequences]
+    assert 0 in seen_counts and GAMMA in seen_counts

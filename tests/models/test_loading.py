@@ -1,0 +1,125 @@
+"""Model loading: safetensors directories, truncated and distilled drafts, vocabulary checks, specs.
+
+.venv/bin/python -m pytest tests/models/test_loading.py -q
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from distributed_spec.models import (
+    LoadedModel,
+    ModelSpec,
+    check_shared_vocabulary,
+    load_model,
+    truncated_draft,
+)
+from distributed_spec.models.tiny import tiny_llama, tiny_tokenizer
+
+
+def _loaded(model, tokenizer=None, name="m") -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, spec=ModelSpec(name))
+
+
+def test_local_directory_round_trip(tmp_path):
+    model = tiny_llama(vocab_size=40, seed=3)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    tiny_tokenizer(40).save_pretrained(tmp_path)
+    assert list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.bin"))
+    spec = ModelSpec(str(tmp_path))
+    assert spec.resolved_kind == "dir"
+    loaded = load_model(spec)
+    input_ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(input_ids).logits, model(input_ids).logits)
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("abc")) == "abc"
+    assert next(loaded.model.parameters()).dtype == torch.float32
+
+
+def test_directory_without_safetensors_is_refused(tmp_path):
+    model = tiny_llama(vocab_size=40, seed=3)
+    model.save_pretrained(tmp_path, safe_serialization=False)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises((OSError, EnvironmentError, ValueError)):
+        load_model(ModelSpec(str(tmp_path)))
+
+
+def test_truncated_draft_shares_the_target_weights():
+    target = tiny_llama(vocab_size=32, num_layers=4, seed=0)
+    draft = truncated_draft(target, 2)
+    assert len(draft.model.layers) == 2 and draft.config.num_hidden_layers == 2
+    assert target.config.num_hidden_layers == 4
+    assert draft.model.layers[1] is target.model.layers[1]
+    assert draft.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    with torch.no_grad():
+        logits = draft(torch.tensor([[3, 4, 5]])).logits
+    assert logits.shape == (1, 3, 32) and torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match="num_layers must be in"):
+        truncated_draft(target, 5)
+
+
+def test_truncated_spec_derives_from_the_target():
+    target = _loaded(tiny_llama(vocab_size=32, num_layers=3, seed=0), name="tiny")
+    draft = load_model(ModelSpec(kind="truncated", num_layers=1), target=target, role="draft")
+    assert draft.name == "tiny[:1 layers]" and len(draft.model.model.layers) == 1
+    with pytest.raises(ValueError, match="load the target first"):
+        load_model(ModelSpec(kind="truncated", num_layers=1), role="draft")
+    with pytest.raises(ValueError, match="draft.dtype"):
+        load_model(ModelSpec(kind="truncated", num_layers=1, dtype="bfloat16"), target=target, role="draft")
+
+
+def test_distilled_kind_calls_the_distillation_loader(monkeypatch):
+    calls = []
+    target = _loaded(tiny_llama(vocab_size=32, seed=0), tokenizer=tiny_tokenizer(32), name="tiny")
+    small = tiny_llama(vocab_size=32, num_layers=1, seed=1)
+
+    def load_distilled_draft(checkpoint_dir, target_model):
+        calls.append((checkpoint_dir, target_model))
+        return small
+
+    fake = types.ModuleType("distributed_spec.models.distilled")
+    fake.load_distilled_draft = load_distilled_draft
+    monkeypatch.setitem(sys.modules, "distributed_spec.models.distilled", fake)
+    draft = load_model(ModelSpec("ckpt/dir", kind="distilled"), target=target, role="draft")
+    assert calls == [("ckpt/dir", target.model)]
+    assert draft.model is small and draft.tokenizer is target.tokenizer
+
+
+def test_vocabulary_mismatch_names_both_models():
+    target = _loaded(tiny_llama(vocab_size=32), name="big-target")
+    with pytest.raises(ValueError, match="draft 'small-draft' and target 'big-target'.*32 vs 40"):
+        check_shared_vocabulary(target, _loaded(tiny_llama(vocab_size=40), name="small-draft"))
+
+
+def test_tokenizer_mismatch_of_equal_size_is_caught():
+    tokenizer = tiny_tokenizer(40)
+    swapped = tiny_tokenizer(40)
+    swapped.add_tokens(["<extra>"])
+    target = _loaded(tiny_llama(vocab_size=48), tokenizer, name="t")
+    draft = _loaded(tiny_llama(vocab_size=48, seed=1), swapped, name="d")
+    with pytest.raises(ValueError, match="tokenizer vocabularies differ"):
+        check_shared_vocabulary(target, draft)
+    check_shared_vocabulary(target, _loaded(tiny_llama(vocab_size=48, seed=2), tiny_tokenizer(40), name="d2"))
+
+
+def test_spec_validation_and_resolution(tmp_path):
+    assert ModelSpec().resolved_kind == "smollm2"
+    assert ModelSpec("some/model.gguf").resolved_kind == "gguf"
+    assert ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct").resolved_kind == "hub"
+    assert ModelSpec(str(tmp_path)).resolved_kind == "dir"
+    assert ModelSpec(device="cpu").torch_dtype == torch.float32
+    assert ModelSpec(device="cuda").torch_dtype == torch.bfloat16
+    assert ModelSpec(dtype="float16", device="cuda").torch_dtype == torch.float16
+    with pytest.raises(ValueError, match="model kind"):
+        ModelSpec(kind="pickle")
+    with pytest.raises(ValueError, match="model dtype"):
+        ModelSpec(dtype="int8")
+    with pytest.raises(ValueError, match="num_layers"):
+        ModelSpec(kind="truncated")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        load_model(ModelSpec(str(tmp_path / "missing.gguf")), role="target")
