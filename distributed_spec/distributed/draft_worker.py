@@ -1,0 +1,223 @@
+"""`DraftWorker`: the draft model and its KV cache in one Ray actor (built by the coordinator).
+
+It wraps the single-process engine's draft runner and steps (engine/steps.py): `propose` draws
+X_1..X_g, `commit` rolls its cache back to the kept prefix. Two additions, both exact:
+- the draft samples from q as it will be decoded by the verifier (wire.py: reduced precision or
+  top-k), so the verifier reads exactly the distribution the draft sampled from;
+- `propose_ahead` (parallel.overlap): while the shards verify block k, the draft feeds X_g, guesses
+  the bonus token G ~ q_{g+1} and proposes block k+1 after it. Block k+1 is kept only when every row
+  accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
+  would have drawn from that context); otherwise the 2g speculative slots are rolled back.
+
+Verbs: `load`, `prefill`, `propose`, `propose_ahead`, `commit`, `shutdown`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from distributed_spec.distributed.messages import DecodeSettings, StepResult
+from distributed_spec.distributed.wire import DraftBlock, WireFormat, sample_view
+from distributed_spec.engine.runner import ModelRunner
+from distributed_spec.engine.steps import commit_draft
+from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
+
+
+def propose_on_wire(
+    draft: ModelRunner,
+    draft_input_ids: torch.Tensor,
+    draft_input_mask: torch.Tensor,
+    gamma: int,
+    params: SamplingParams,
+    draft_uniforms: torch.Tensor,
+    wire: WireFormat,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """engine.steps.propose, sampling each X_i from q_i as the verifier will decode it.
+
+    Args:
+        draft_input_ids / draft_input_mask: [B, k] pending tokens, last column = Y.
+        draft_uniforms: [B, g] float64.
+    Returns:
+        draft_ids [B, g] long, probs values [B, g, V or k] (wire dtype), probs ids [B, g, k] or None.
+    """
+    logits = draft.forward_tokens(draft_input_ids, draft_input_mask)[:, -1]  # [B, V]
+    draft_ids, values, ids = [], [], []
+    for i in range(gamma):
+        sampled_probs, step_values, step_ids = sample_view(logits_to_probs(logits, params), wire)
+        token_ids = sample_from_probs(sampled_probs, draft_uniforms[:, i].to(sampled_probs.device))  # [B]
+        draft_ids.append(token_ids)
+        values.append(step_values)
+        ids.append(step_ids)
+        if i < gamma - 1:
+            logits = draft.forward_tokens(token_ids[:, None])[:, 0]
+    stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
+    return torch.stack(draft_ids, dim=1), torch.stack(values, dim=1), stacked_ids
+
+
+@dataclass
+class _AheadBlock:
+    """A block drafted during the previous verification."""
+
+    # [B] long: G, the draft's guess of the bonus token of the block being verified.
+    guess_ids: torch.Tensor
+    # [B, g'] long.
+    draft_ids: torch.Tensor
+    block: DraftBlock
+
+
+class DraftWorker:
+    """The draft side of the loop, one actor."""
+
+    def __init__(self, num_threads: int = 1) -> None:
+        torch.set_num_threads(max(1, num_threads))
+        self.runner: ModelRunner | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(
+        self,
+        model_factory: Callable[[], torch.nn.Module],
+        device: str,
+        compact_fraction: float,
+        seed: int,
+    ) -> dict[str, int | None]:
+        """Build the draft on this actor's device. Returns its vocabulary size and context length."""
+        self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+        model = model_factory().to(self.device)
+        self.runner = ModelRunner(model, compact_fraction)
+        # Uniforms of blocks drafted ahead (the coordinator cannot know their rows in advance).
+        self.generator = torch.Generator().manual_seed(seed)
+        max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
+
+    def prefill(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
+        """Start a batch: cache prompt[:-1] of every row; the last prompt token is the first pending input."""
+        self.sampling, self.wire = settings.sampling, settings.wire
+        self.runner.prefill([prompt[:-1] for prompt in prompt_ids])
+        self.input_ids = torch.tensor([[prompt[-1]] for prompt in prompt_ids], device=self.device)  # [B, 1]
+        self.input_mask = torch.ones_like(self.input_ids)  # [B, 1]
+        self.draft_ids: torch.Tensor | None = None  # [B, g] of the block being verified
+        self.result: StepResult | None = None
+        self.ahead: _AheadBlock | None = None
+
+    def propose(self, keep_rows: torch.Tensor | None, gamma: int, draft_uniforms: torch.Tensor) -> DraftBlock:
+        """Apply the last verification result, drop finished rows, return the next block.
+
+        Args:
+            keep_rows: [B'] long or None; draft_uniforms: [B', g] float64 (unused on an overlap hit).
+        """
+        start = time.perf_counter()
+        discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
+        ahead = self._apply_result(keep_rows, gamma)
+        if ahead is not None:
+            self.draft_ids = ahead.draft_ids
+            return ahead.block
+        draft_ids, values, ids = propose_on_wire(
+            self.runner, self.input_ids, self.input_mask, gamma, self.sampling, draft_uniforms, self.wire
+        )
+        self.draft_ids = draft_ids
+        block = self._pack(draft_ids, values, ids, time.perf_counter() - start)
+        block.discarded_ahead_s = discarded_ahead_s
+        return block
+
+    def propose_ahead(self) -> None:
+        """Draft block k+1 while block k is verified, assuming block k is accepted whole."""
+        start = time.perf_counter()
+        batch_size, gamma = self.draft_ids.shape
+        # Feed X_g (never fed by propose) to get q_{g+1}, then guess the bonus token from it.
+        logits = self.runner.forward_tokens(self.draft_ids[:, -1:])[:, 0]  # [B, V]
+        uniforms = torch.rand(batch_size, gamma + 1, generator=self.generator, dtype=torch.float64)
+        sampled_probs, _, _ = sample_view(logits_to_probs(logits, self.sampling), self.wire)
+        guess_ids = sample_from_probs(sampled_probs, uniforms[:, 0].to(sampled_probs.device))  # [B]
+        draft_ids, values, ids = propose_on_wire(
+            self.runner,
+            guess_ids[:, None],
+            torch.ones_like(guess_ids[:, None]),
+            gamma,
+            self.sampling,
+            uniforms[:, 1:],
+            self.wire,
+        )
+        block = self._pack(draft_ids, values, ids, time.perf_counter() - start)
+        block.from_overlap = True
+        self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block)
+
+    def commit(self, result: StepResult) -> None:
+        """Remember rank 0's verdict; it is applied at the next `propose`, which knows the kept rows."""
+        self.result = result
+
+    def shutdown(self) -> None:
+        self.runner = None
+
+    def _apply_result(self, keep_rows: torch.Tensor | None, gamma: int) -> _AheadBlock | None:
+        """Roll the cache back to the kept prefix; return the block drafted ahead when it is valid."""
+        result, ahead = self.result, self.ahead
+        self.result, self.ahead = None, None
+        usable = None
+        if result is not None:
+            accepted_counts = result.accepted_counts.to(self.device)  # [B]
+            next_tokens = result.next_tokens.to(self.device)  # [B]
+            verified_gamma = self.draft_ids.shape[1]
+            if ahead is None:
+                self.input_ids, self.input_mask = commit_draft(
+                    self.runner, self.draft_ids, accepted_counts, next_tokens
+                )
+            else:
+                hit = (accepted_counts == verified_gamma) & (next_tokens == ahead.guess_ids)  # [B]
+                kept_hit = hit if keep_rows is None else hit[keep_rows.to(self.device)]
+                # Host sync: whether the block drafted ahead is usable decides what to run next.
+                if bool(kept_hit.all()) and ahead.draft_ids.shape[1] == gamma:
+                    usable = ahead
+                else:
+                    # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.
+                    num_new_slots = verified_gamma + ahead.draft_ids.shape[1]
+                    self.runner.rollback(accepted_counts, num_new_slots)
+                    self.input_ids = torch.stack([self.draft_ids[:, -1], next_tokens], dim=1)  # [B, 2]
+                    self.input_mask = torch.stack(
+                        [torch.zeros_like(next_tokens), torch.ones_like(next_tokens)], dim=1
+                    )
+        if keep_rows is not None:
+            keep_rows = keep_rows.to(self.device)
+            self.runner.drop_rows(keep_rows)
+            self.input_ids, self.input_mask = self.input_ids[keep_rows], self.input_mask[keep_rows]
+            if usable is not None:
+                usable = _select_rows(usable, keep_rows)
+        return usable
+
+    def _pack(
+        self, draft_ids: torch.Tensor, values: torch.Tensor, ids: torch.Tensor | None, draft_s: float
+    ) -> DraftBlock:
+        send = self.wire.send_probs
+        return DraftBlock(
+            # Host copies: the block leaves this process through Ray's object store.
+            draft_ids=draft_ids.cpu(),
+            probs_values=values.cpu() if send else None,
+            probs_ids=ids.cpu() if send and ids is not None else None,
+            vocab_size=self.runner.vocab_size,
+            draft_s=draft_s,
+            num_draft_calls=self.runner.num_forward_calls,
+        )
+
+
+def _select_rows(ahead: _AheadBlock, keep_rows: torch.Tensor) -> _AheadBlock:
+    block = ahead.block
+    cpu_rows = keep_rows.cpu()
+    return _AheadBlock(
+        guess_ids=ahead.guess_ids[keep_rows],
+        draft_ids=ahead.draft_ids[keep_rows],
+        block=DraftBlock(
+            draft_ids=block.draft_ids[cpu_rows],
+            probs_values=None if block.probs_values is None else block.probs_values[cpu_rows],
+            probs_ids=None if block.probs_ids is None else block.probs_ids[cpu_rows],
+            vocab_size=block.vocab_size,
+            draft_s=block.draft_s,
+            from_overlap=True,
+            num_draft_calls=block.num_draft_calls,
+        ),
+    )

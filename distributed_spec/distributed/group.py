@@ -1,0 +1,171 @@
+"""Launch and tear down one runtime: placement group, target shard group, draft actor.
+
+`launch` reserves the bundles, picks the rendezvous (fresh port each time, so a restarted group
+never meets the remains of a dead one), starts the actors and loads the models; `teardown` kills
+every actor (`ray.kill`, no restart), removes the placement group and deletes the shared-memory
+segments the CPU all-reduce leaves in /dev/shm (DeepSpeed never unlinks them).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ray
+import torch
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from distributed_spec.distributed.config import RayRuntimeConfig
+from distributed_spec.distributed.draft_worker import DraftWorker
+from distributed_spec.distributed.placement import (
+    bundle_strategy,
+    create_placement_group,
+    draft_bundle_index,
+    remove_group,
+)
+from distributed_spec.distributed.rendezvous import Rendezvous, pick_rendezvous, shard_placements
+from distributed_spec.distributed.target_shard import TargetShard
+from distributed_spec.engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+ModelFactory = Callable[[], torch.nn.Module]
+
+
+@dataclass
+class RuntimeActors:
+    """Handles of one launched runtime."""
+
+    placement_group: PlacementGroup
+    rendezvous: Rendezvous
+    # Rank order: shards[0] is rank 0.
+    shards: list[ActorHandle]
+    draft: ActorHandle | None
+    shard_node_ids: list[str] = field(default_factory=list)
+    vocab_size: int = 0
+    max_context: int | None = None
+
+    @property
+    def all_actors(self) -> list[ActorHandle]:
+        return self.shards + ([self.draft] if self.draft is not None else [])
+
+
+def launch(
+    config: RayRuntimeConfig,
+    engine: EngineConfig,
+    target_factory: ModelFactory,
+    draft_factory: ModelFactory | None,
+    draft_seed: int,
+) -> RuntimeActors:
+    """Start and load every actor; on any failure tear down what was started and re-raise."""
+    group = create_placement_group(config)
+    actors = None
+    try:
+        rendezvous = pick_rendezvous(group, config.tp_size, timeout_s=config.placement_timeout_s)
+        shard_class = ray.remote(TargetShard)
+        shards = [
+            shard_class.options(
+                num_cpus=config.num_cpus_per_shard,
+                num_gpus=config.num_gpus_per_shard,
+                scheduling_strategy=bundle_strategy(group, rank),
+            ).remote(num_threads=max(1, round(config.num_cpus_per_shard)))
+            for rank in range(config.tp_size)
+        ]
+        draft = None
+        if engine.uses_draft:
+            draft = (
+                ray.remote(DraftWorker)
+                .options(
+                    num_cpus=config.num_cpus_draft,
+                    num_gpus=config.num_gpus_draft if config.device == "cuda" else 0,
+                    scheduling_strategy=bundle_strategy(group, draft_bundle_index(config)),
+                )
+                .remote(num_threads=max(1, round(config.num_cpus_draft)))
+            )
+        actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
+        # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
+        actors.shard_node_ids = ray.get(
+            [shard.node_id.remote() for shard in shards], timeout=config.load_timeout_s
+        )
+        placements = shard_placements(actors.shard_node_ids)
+        load_refs = [
+            shard.load.remote(
+                target_factory,
+                rendezvous,
+                placement,
+                config.device,
+                config.backend,
+                config.step_timeout_s,
+                engine.compact_fraction,
+            )
+            for shard, placement in zip(shards, placements)
+        ]
+        if draft is not None:
+            load_refs.append(
+                draft.load.remote(draft_factory, config.device, engine.compact_fraction, draft_seed)
+            )
+        # Host sync: nothing can be prefilled before every model is loaded.
+        loaded = ray.get(load_refs, timeout=config.load_timeout_s)
+        actors.vocab_size = int(loaded[0]["vocab_size"])
+        actors.max_context = loaded[0]["max_context"]
+        if draft is not None:
+            draft_info = loaded[-1]
+            if draft_info["vocab_size"] != actors.vocab_size:
+                raise ValueError(
+                    f"draft vocabulary size {draft_info['vocab_size']} differs from the target's "
+                    f"{actors.vocab_size}: pick a draft that shares the target's tokenizer"
+                )
+            contexts = [c for c in (actors.max_context, draft_info["max_context"]) if c]
+            actors.max_context = min(contexts) if contexts else None
+        logger.info(
+            "runtime up: %d target shard(s) at %s:%d, draft %s",
+            config.tp_size,
+            rendezvous.master_addr,
+            rendezvous.master_port,
+            "yes" if draft else "no",
+        )
+        return actors
+    except BaseException:
+        if actors is not None:
+            teardown(actors)
+        else:
+            remove_group(group)
+        raise
+
+
+def teardown(actors: RuntimeActors) -> None:
+    """Kill every actor, delete the CPU all-reduce segments, release the placement group."""
+    for actor in actors.all_actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception as error:  # noqa: BLE001 - an already dead actor is fine
+            logger.debug("ray.kill failed: %s", error)
+    for node_id in sorted(set(actors.shard_node_ids)):
+        try:
+            ray.get(
+                _remove_shm_segments.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                ).remote(actors.rendezvous.master_addr, actors.rendezvous.master_port),
+                timeout=30,
+            )
+        except Exception as error:  # noqa: BLE001 - teardown goes on; the segments only cost memory
+            logger.warning("could not remove /dev/shm segments on node %s: %s", node_id, error)
+    remove_group(actors.placement_group)
+
+
+@ray.remote(num_cpus=0)
+def _remove_shm_segments(master_addr: str, master_port: int) -> int:
+    """Delete DeepSpeed's CPU all-reduce segments of one group (named after its address and port)."""
+    pattern = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{master_addr}_{master_port}_*"
+    paths = glob.glob(pattern)
+    for path in paths:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+    return len(paths)

@@ -1,0 +1,59 @@
+"""Small messages between the coordinator and the actors (the big one, DraftBlock, is in wire.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from distributed_spec.distributed.wire import WireFormat
+from distributed_spec.verify import SamplingParams
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How a batch is decoded; sent with every prefill, so one launched runtime serves any config."""
+
+    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft).
+    method: str
+    sampling: SamplingParams
+    wire: WireFormat
+
+
+@dataclass
+class StepRequest:
+    """What every shard receives besides the draft block, identical on every rank."""
+
+    # [B'] long indices of the rows that stay (finished rows leave), or None when all stay.
+    keep_rows: torch.Tensor | None
+    # [B] long: n per row, draft tokens that row may verify (<= g; ragged near max_new_tokens).
+    num_draft_tokens: torch.Tensor
+    # [B, g] float64 in [0, 1): the verifier's eta (block/token verification), rank 0 reads them.
+    eta: torch.Tensor
+    # [B] float64 in [0, 1): drives sampling of the correction/bonus token.
+    u: torch.Tensor
+
+
+@dataclass
+class StepResult:
+    """What shard rank 0 answers: the verified prefix of every row and the timing of the step."""
+
+    # [B] long: tau, accepted draft tokens per row.
+    accepted_counts: torch.Tensor
+    # [B] long: Y, the correction or bonus token of each row.
+    next_tokens: torch.Tensor
+    # [B, g] long: the block that was verified (so the coordinator never fetches the block itself).
+    draft_ids: torch.Tensor
+    # Seconds on rank 0: target forward (scoring g+1 positions), verification (decode q, verify,
+    # broadcast the result, crop the KV cache).
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    # Copied from the draft block: seconds the draft spent on it, and whether it was drafted ahead.
+    draft_s: float = 0.0
+    from_overlap: bool = False
+    # Bytes of the draft block as it crossed the wire.
+    num_wire_bytes: int = 0
+    # The draft's forward calls so far (cumulative, from the block).
+    num_draft_calls: int = 0
+    # Seconds of a discarded block drafted ahead (from the block).
+    discarded_ahead_s: float = 0.0

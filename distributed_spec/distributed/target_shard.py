@@ -1,0 +1,181 @@
+"""`TargetShard`: one tensor-parallel rank of the target, a Ray actor (built by the coordinator).
+
+Each shard joins the shard group (torch.distributed through DeepSpeed), builds the full target from
+the same factory, and keeps only its slice through DeepSpeed AutoTP
+(`init_inference(tensor_parallel={"tp_size": N}, replace_with_kernel_inject=False)`); after the
+sharding pass the model is an ordinary module whose linear layers all-reduce inside the group, so
+the single-process runner drives it unchanged (STYLE.md habits 4 and 5).
+
+Verbs: `node_id`, `load`, `logits` (tests), `prefill`, `score_and_verify`, `shutdown`.
+
+One step (`score_and_verify`): every rank scores [Y, X_1..X_g] in one forward (the all-reduces of
+the row-parallel layers run inside it); rank 0 decodes q and verifies with the uniforms the
+coordinator drew, then broadcasts [accepted_counts, next_tokens] so every rank crops its KV cache
+identically even if a backend's all-reduce ever differed in the last bit between ranks. Full target
+probabilities never leave the group: rank 0 answers with 2B ids and the verified block.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
+from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
+from distributed_spec.distributed.wire import DraftBlock, unpack_probs
+from distributed_spec.engine.runner import ModelRunner
+from distributed_spec.engine.steps import commit_target, sample_autoregressive, score
+from distributed_spec.verify import VerifyUniforms, verify
+
+logger = logging.getLogger(__name__)
+
+ModelFactory = Callable[[], torch.nn.Module]
+
+
+def shard_with_autotp(model: torch.nn.Module, tp_size: int, dtype: torch.dtype) -> torch.nn.Module:
+    """DeepSpeed AutoTP over an already built model; returns the sharded module (in place)."""
+    import deepspeed  # noqa: PLC0415 - imported only after the distributed environment is set
+
+    if getattr(model, "is_quantized", False) and all(p.dtype == dtype for p in model.parameters()):
+        # GGUF checkpoints load dequantised but flagged as quantised; DeepSpeed's dtype pass (a no-op
+        # here) calls .float(), which transformers refuses on a flagged model.
+        model.is_quantized = False
+    engine = deepspeed.init_inference(
+        model,
+        tensor_parallel={"tp_size": tp_size},
+        dtype=dtype,
+        replace_with_kernel_inject=False,
+    )
+    return engine.module
+
+
+class TargetShard:
+    """One rank of the target shard group; rank 0 answers the coordinator."""
+
+    def __init__(self, num_threads: int = 1) -> None:
+        torch.set_num_threads(max(1, num_threads))
+        self.model: torch.nn.Module | None = None
+        self.runner: ModelRunner | None = None
+        self.rank = -1
+        self.world_size = 1
+        self.device = torch.device("cpu")
+
+    def node_id(self) -> str:
+        import ray  # noqa: PLC0415 - the class itself stays importable and testable without Ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(
+        self,
+        model_factory: ModelFactory,
+        rendezvous: Rendezvous,
+        placement: ShardPlacement,
+        device: str,
+        backend: str,
+        timeout_s: float,
+        compact_fraction: float,
+    ) -> dict[str, int | None]:
+        """Join the group, build the target, keep this rank's shard.
+
+        Returns the target's vocabulary size and context length (the coordinator checks prompts).
+        """
+        init_shard_group(rendezvous, placement, device, backend, timeout_s)
+        self.rank = placement.rank
+        self.world_size = rendezvous.world_size
+        self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+        model = model_factory().eval()
+        dtype = next(model.parameters()).dtype
+        self.model = shard_with_autotp(model, rendezvous.world_size, dtype)
+        self.runner = ModelRunner(self.model, compact_fraction)
+        max_context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
+
+    def prefill(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
+        """Start a batch: cache prompt[:-1] of every row; the last prompt token is each row's first Y."""
+        self.method, self.sampling = settings.method, settings.sampling
+        self.runner.prefill([prompt[:-1] for prompt in prompt_ids])
+        self.last_ids = torch.tensor([prompt[-1] for prompt in prompt_ids], device=self.device)  # [B]
+
+    @torch.no_grad()
+    def score_and_verify(self, block: DraftBlock, request: StepRequest) -> StepResult | None:
+        """Score the block, verify it inside the group, crop the cache. Rank 0 returns the result."""
+        if request.keep_rows is not None:
+            keep_rows = request.keep_rows.to(self.device)
+            self.runner.drop_rows(keep_rows)
+            self.last_ids = self.last_ids[keep_rows]
+        draft_ids = block.draft_ids.to(self.device)  # [B, g]
+        gamma = draft_ids.shape[1]
+        start = time.perf_counter()
+        target_probs = score(self.runner, self.last_ids, draft_ids, self.sampling)  # [B, g+1, V]
+        self._synchronize()
+        scored = time.perf_counter()
+        verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
+        if self.rank == 0:
+            u = request.u.to(self.device)
+            if gamma == 0:
+                verdict[0].zero_()
+                verdict[1] = sample_autoregressive(target_probs, u)
+            else:
+                uniforms = VerifyUniforms(eta=request.eta.to(self.device), u=u)
+                verified = verify(
+                    self.method,
+                    draft_ids,
+                    unpack_probs(block, self.device),
+                    target_probs,
+                    request.num_draft_tokens.to(self.device),
+                    uniforms,
+                )
+                verdict[0], verdict[1] = verified.accepted_counts, verified.next_tokens
+        if self.world_size > 1:
+            dist.broadcast(verdict, src=0)
+        accepted_counts, next_tokens = verdict[0], verdict[1]
+        commit_target(self.runner, accepted_counts, gamma)
+        self.last_ids = next_tokens
+        self._synchronize()
+        if self.rank != 0:
+            return None
+        return StepResult(
+            # Host copies: the verdict leaves the group through Ray (2B ids + the block's ids).
+            accepted_counts=accepted_counts.cpu(),
+            next_tokens=next_tokens.cpu(),
+            draft_ids=block.draft_ids,
+            target_s=scored - start,
+            verify_s=time.perf_counter() - scored,
+            draft_s=block.draft_s,
+            from_overlap=block.from_overlap,
+            num_wire_bytes=block.num_wire_bytes,
+            num_draft_calls=block.num_draft_calls,
+            discarded_ahead_s=block.discarded_ahead_s,
+        )
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            # Host sync: step timings must measure kernels, not their launches.
+            torch.cuda.synchronize()
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full-sequence target logits without a cache (tests only; never on the hot path).
+
+        Args:
+            input_ids: [B, T] long.
+        Returns:
+            logits: [B, T, V] float32 on the CPU.
+        """
+        output = self.model(input_ids=input_ids.to(self.device), use_cache=False)
+        return output.logits.float().cpu()
+
+    def shutdown(self) -> None:
+        """Leave the group cleanly (a killed shard skips this; the coordinator kills the rest)."""
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        self.model = None
+        self.runner = None

@@ -1,0 +1,121 @@
+"""What crosses the wire each iteration: a `DraftBlock` (draft ids and draft probabilities q).
+
+q is the biggest message of an iteration ([B, g, V]); two options shrink it, both exact:
+- `wire_dtype` bfloat16/float16 halves it. Rounding changes q, so the draft SAMPLES from the very
+  rounded q it sends: `round_trip(q) == decode(encode(q))`, renormalised in float32, is both what
+  the draft samples from and what the target's verifier reads (bitwise, same function, same device
+  type). Sampling from the unrounded q while verifying against the rounded one would not be exact.
+- `wire_top_k` k > 0 sends the k largest entries of each row (values and int32 ids). This is exact
+  only because the draft then samples from its own top-k: q is exactly that sparse distribution
+  (renormalised over the k ids), so the verifier sees the draft's true q. It changes the draft's
+  proposals (a sharper draft), never the target's output distribution.
+With greedy verification the verifier never reads q, so no probabilities are sent at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+WIRE_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """How q is encoded; built from parallel.wire_dtype and parallel.wire_top_k."""
+
+    dtype: str = "float32"
+    # 0 = dense.
+    top_k: int = 0
+    # False when the verifier ignores q (greedy): nothing is sent.
+    send_probs: bool = True
+
+    @property
+    def is_identity(self) -> bool:
+        """Dense float32: q is sent as computed and needs no round trip."""
+        return self.dtype == "float32" and self.top_k == 0
+
+
+@dataclass
+class DraftBlock:
+    """One proposal of the draft for every active row."""
+
+    # [B, g] long: X_1..X_g.
+    draft_ids: torch.Tensor
+    # [B, g, V] (dense) or [B, g, k] (top-k) in the wire dtype; None when q is not sent.
+    probs_values: torch.Tensor | None
+    # [B, g, k] int32 vocabulary ids of probs_values (top-k only).
+    probs_ids: torch.Tensor | None
+    vocab_size: int
+    # Seconds the draft spent producing the block (forwards and sampling), for the timing split.
+    draft_s: float = 0.0
+    # True when the block was drafted ahead, during the previous verification (overlap hit).
+    from_overlap: bool = False
+    # The draft runner's forward calls so far (cumulative), for RunStats.num_draft_calls.
+    num_draft_calls: int = 0
+    # Seconds spent on a block drafted ahead and then discarded just before this one (overlap miss).
+    discarded_ahead_s: float = 0.0
+
+    @property
+    def num_wire_bytes(self) -> int:
+        tensors = (self.draft_ids, self.probs_values, self.probs_ids)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def encode_probs(probs: torch.Tensor, wire: WireFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q as it goes on the wire.
+
+    Args:
+        probs: [..., V] float32.
+    Returns:
+        values [..., V] or [..., k] in the wire dtype, and ids [..., k] int32 (top-k) or None.
+    """
+    dtype = WIRE_TORCH_DTYPES[wire.dtype]
+    if 0 < wire.top_k < probs.shape[-1]:
+        values, ids = torch.topk(probs, wire.top_k, dim=-1)
+        return values.to(dtype), ids.to(torch.int32)
+    return probs.to(dtype), None
+
+
+def decode_probs(values: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Dense float32 q from its wire form, renormalised so each row sums to 1.
+
+    Args:
+        values: [..., V] or [..., k]; ids: [..., k] int32 or None.
+    Returns:
+        probs: [..., V] float32.
+    """
+    values = values.float()
+    values = values / values.sum(dim=-1, keepdim=True)
+    if ids is None:
+        return values
+    dense = torch.zeros(*values.shape[:-1], vocab_size, dtype=torch.float32, device=values.device)
+    return dense.scatter_(-1, ids.long(), values)
+
+
+def sample_view(
+    probs: torch.Tensor, wire: WireFormat
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Encode one step's q once; return the q the draft must sample from and its wire form.
+
+    Args:
+        probs: [B, V] float32, the draft's warped probabilities.
+    Returns:
+        sampled_probs [B, V] float32 (== what the verifier decodes, bitwise), values, ids.
+    """
+    if wire.is_identity:
+        return probs, probs, None
+    values, ids = encode_probs(probs, wire)
+    return decode_probs(values, ids, probs.shape[-1]), values, ids
+
+
+def unpack_probs(block: DraftBlock, device: torch.device) -> torch.Tensor | None:
+    """q as the verifier reads it: [B, g, V] float32 on `device`, or None when it was not sent."""
+    if block.probs_values is None:
+        return None
+    values = block.probs_values.to(device)
+    if block.probs_ids is None and values.dtype == torch.float32:
+        return values
+    ids = None if block.probs_ids is None else block.probs_ids.to(device)
+    return decode_probs(values, ids, block.vocab_size)

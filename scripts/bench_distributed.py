@@ -1,0 +1,202 @@
+"""Single-process engine vs Ray TP = 1 vs Ray TP = 2 on SmolLM2: tokens/s and where an iteration goes.
+
+    .venv/bin/python -m scripts.bench_distributed                       # B in {1, 8}, 32 new tokens, g = 4
+    .venv/bin/python -m scripts.bench_distributed --batch-sizes 8 --max-new-tokens 16 --temperature 1
+
+Target: the embedded SmolLM2-135M-Instruct. Draft (--draft auto): the bundled distilled draft when it
+exists, else the target's first --num-layers layers (untrained: low acceptance, but the same shapes
+on the wire). Every setup decodes the same prompts with the same settings after a warm-up call.
+Ray setups: TP = 1 and TP = 2 target shard groups, each with draft probabilities sent as float32,
+bfloat16, and bfloat16 with the next block drafted during verification (overlap).
+
+Columns: tokens/s; ms per iteration (one target call); its split into draft (forwards and sampling
+on the critical path), transfer (serialisation, object store, scheduling: what is left), target
+forward, verification (decode q, verify, broadcast, crop caches), coordinator (its own Python);
+"overhead" = transfer + coordinator, the part the goal keeps under 10 % at B = 8; KB of q per
+iteration; blocks drafted ahead that were used; whether the tokens equal the engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+
+import ray
+import torch
+
+from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed.factories import SpecFactory
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.models import ModelSpec
+from distributed_spec.models.loading import load_pair
+from distributed_spec.verify import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences.",
+    "List three uses of a paperclip.",
+    "What is 12 times 7?",
+    "Give me a tip for learning a new language.",
+    "Describe a cat to someone who has never seen one.",
+    "Why is the sky blue?",
+]
+
+
+@dataclass
+class Row:
+    setup: str
+    batch_size: int
+    tokens_per_s: float
+    ms_per_iteration: float
+    shares: dict[str, float]
+    kb_per_iteration: float
+    overlap_hits: str
+    same_as_engine: str
+
+
+def draft_spec(args: argparse.Namespace) -> ModelSpec:
+    from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
+
+    if args.draft == "distilled" or (args.draft == "auto" and DISTILLED_SMOLLM2_DRAFT_DIR.is_dir()):
+        return ModelSpec(source=str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled")
+    return ModelSpec(kind="truncated", num_layers=args.num_layers)
+
+
+def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size: int) -> tuple[Row, list]:
+    config = engine.config
+    engine.config = replace(config, max_new_tokens=2)
+    engine.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
+    engine.config = config
+    results, stats = engine.generate_with_stats(prompts[:batch_size])
+    iterations = max(stats.num_target_calls, 1)
+    # Decoding only, as the Ray timings (prefill excluded).
+    total = max(stats.total_s - stats.prefill_s, 1e-12)
+    shares = {"draft": stats.draft_s / total, "transfer": 0.0, "target": stats.target_s / total,
+              "verify": stats.verify_s / total, "coordinator": stats.other_s / total}
+    row = Row("engine (1 process)", batch_size, stats.tokens_per_s, 1000 * total / iterations, shares, 0.0, "-", "-")
+    return row, results
+
+
+def bench_ray(
+    coordinator: RayCoordinator, runtime: RayRuntimeConfig, label: str, prompts: list[list[int]], batch_size: int,
+    reference: list,
+) -> Row:
+    coordinator.runtime = runtime
+    config = coordinator.config
+    coordinator.config = replace(config, max_new_tokens=2)
+    coordinator.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
+    coordinator.config = config
+    start = time.perf_counter()
+    results, stats = coordinator.generate_with_stats(prompts[:batch_size])
+    elapsed = time.perf_counter() - start
+    timings = coordinator.timings
+    iterations = max(timings.num_iterations, 1)
+    same = [r.token_ids for r in results] == [r.token_ids for r in reference]
+    return Row(
+        setup=label,
+        batch_size=batch_size,
+        tokens_per_s=stats.num_tokens / elapsed,
+        ms_per_iteration=1000 * timings.iteration_s / iterations,
+        shares=timings.fractions(),
+        kb_per_iteration=timings.num_wire_bytes / iterations / 1024,
+        overlap_hits=f"{timings.num_overlap_hits}/{timings.num_iterations}" if runtime.overlap else "-",
+        same_as_engine="yes" if same else "no",
+    )
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| setup | B | tokens/s | ms/iter | draft | transfer | target fwd | verify | coordinator | overhead "
+        "| q KB/iter | overlap hits | same tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        share = row.shares
+        overhead = share["transfer"] + share["coordinator"]
+        lines.append(
+            f"| {row.setup} | {row.batch_size} | {row.tokens_per_s:.1f} | {row.ms_per_iteration:.0f} "
+            f"| {share['draft']:.0%} | {share['transfer']:.0%} | {share['target']:.0%} | {share['verify']:.0%} "
+            f"| {share['coordinator']:.0%} | {overhead:.0%} | {row.kb_per_iteration:.0f} | {row.overlap_hits} "
+            f"| {row.same_as_engine} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--method", default="block", choices=["block", "token", "greedy"])
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--draft", default="auto", choices=["auto", "distilled", "truncated"])
+    parser.add_argument("--num-layers", type=int, default=4, help="layers of the truncated draft")
+    parser.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--num-cpus", type=float, default=float(os.cpu_count() or 2),
+                        help="CPUs given to the target group (split among shards) and to the draft")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    target_spec, spec = ModelSpec("smollm2"), draft_spec(args)
+    target, draft = load_pair(target_spec, spec)
+    tokenizer = target.tokenizer
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        for question in QUESTIONS
+    ]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    while len(prompts) < max(args.batch_sizes):
+        prompts += prompts
+    config = EngineConfig(
+        method=args.method, gamma=args.gamma, sampling=SamplingParams(temperature=args.temperature),
+        max_new_tokens=args.max_new_tokens, max_batch_size=max(args.batch_sizes), seed=0,
+    )
+    print(f"target smollm2, draft {draft.name}, method {args.method}, g = {args.gamma}, T = {args.temperature}, "
+          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+
+    rows: list[Row] = []
+    engine = SpeculativeEngine(target.model, draft.model, config)
+    references = {}
+    for batch_size in args.batch_sizes:
+        row, references[batch_size] = bench_engine(engine, prompts, batch_size)
+        rows.append(row)
+        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    del engine, target, draft
+
+    ray.init(num_cpus=int(2 * args.num_cpus), include_dashboard=False, log_to_driver=False)
+    try:
+        for tp_size in args.tp_sizes:
+            runtime = RayRuntimeConfig(
+                tp_size=tp_size, num_cpus_per_shard=args.num_cpus / tp_size, num_cpus_draft=args.num_cpus,
+                load_timeout_s=900, step_timeout_s=300,
+            )
+            variants = [("float32 q", runtime), ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
+                        ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True))]
+            start = time.perf_counter()
+            with RayCoordinator(SpecFactory(target_spec), SpecFactory(spec, target_spec), config, runtime) as coordinator:
+                print(f"Ray TP = {tp_size} up in {time.perf_counter() - start:.0f} s", flush=True)
+                for batch_size in args.batch_sizes:
+                    for label, variant in variants:
+                        rows.append(bench_ray(coordinator, variant, f"Ray TP={tp_size}, {label}", prompts, batch_size,
+                                              references[batch_size]))
+                        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    finally:
+        ray.shutdown()
+    rows.sort(key=lambda row: row.batch_size)
+    print()
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([row.__dict__ for row in rows], handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

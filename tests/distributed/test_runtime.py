@@ -1,0 +1,215 @@
+"""The Ray runtime against the single-process engine, on tiny random Llamas (one local Ray cluster).
+
+    timeout 600 .venv/bin/python -m pytest tests/distributed/test_runtime.py -x -q
+
+Order matters for cost only: the TP = 2 runtime is launched once and reused; the fault tests
+restart it in place; the last test tears it down through Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import time
+from dataclasses import replace
+
+import pytest
+import ray
+import torch
+from ray.util.placement_group import placement_group_table
+
+from distributed_spec.distributed import GroupFailure, RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed.factories import TinyLlamaFactory
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.verify import SamplingParams
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+VOCAB_SIZE = 64
+# Peaky enough that the draft's guess of a bonus token is sometimes right (overlap hits), noisy
+# enough that blocks are often rejected part-way: sum_x min(p, q) is about 0.8 at temperature 1.
+TARGET = TinyLlamaFactory(vocab_size=VOCAB_SIZE, num_layers=2, hidden=32, seed=0, logit_scale=16.0)
+DRAFT = TinyLlamaFactory(vocab_size=VOCAB_SIZE, num_layers=2, hidden=32, seed=0, logit_scale=16.0, noise=0.2)
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [3], [20, 21, 22]]
+GREEDY = EngineConfig(
+    method="block", gamma=4, sampling=SamplingParams(temperature=0.0), max_new_tokens=24, max_batch_size=4
+)
+# Fractional CPUs: 2 shards + draft fit in the test cluster's 4 logical CPUs twice over.
+RUNTIME = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
+
+
+def engine_results(config: EngineConfig, prompts=PROMPTS):
+    draft = DRAFT() if config.uses_draft else None
+    return SpeculativeEngine(TARGET(), draft, config).generate_with_stats(prompts)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tp2(ray_cluster):
+    coordinator = RayCoordinator(TARGET, DRAFT, GREEDY, RUNTIME).start()
+    yield coordinator
+    coordinator.close()
+
+
+def _actor_is_dead(actor) -> bool:
+    try:
+        ray.get(actor.pid.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
+def test_tp2_logits_equal_tp1_logits(tp2):
+    input_ids = torch.randint(0, VOCAB_SIZE, (3, 12), generator=torch.Generator().manual_seed(1))
+    config = replace(GREEDY, method="autoregressive")
+    with RayCoordinator(TARGET, None, config, replace(RUNTIME, tp_size=1)) as tp1:
+        (tp1_logits,) = ray.get([shard.logits.remote(input_ids) for shard in tp1.actors.shards])
+        # While TP = 1 is up: the autoregressive baseline matches the engine's.
+        results = tp1.generate(PROMPTS[:2])
+    tp2_logits = ray.get([shard.logits.remote(input_ids) for shard in tp2.actors.shards])
+    local_logits = TARGET()(input_ids=input_ids).logits.detach()
+    assert tp1_logits.shape == (3, 12, VOCAB_SIZE)
+    for rank_logits in tp2_logits:
+        assert (rank_logits - tp1_logits).abs().max() < 1e-4
+    assert (tp1_logits - local_logits).abs().max() < 1e-4
+    reference, _ = engine_results(config, PROMPTS[:2])
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+
+
+@pytest.mark.parametrize(
+    ("method", "wire_dtype", "wire_top_k", "overlap"),
+    [("block", "float32", 0, False), ("greedy", "float32", 0, False), ("block", "bfloat16", 0, True),
+     ("token", "float16", 8, True)],
+)
+def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, overlap):
+    tp2.config = replace(GREEDY, method=method)
+    tp2.runtime = replace(RUNTIME, wire_dtype=wire_dtype, wire_top_k=wire_top_k, overlap=overlap)
+    results, stats = tp2.generate_with_stats(PROMPTS)
+    reference, reference_stats = engine_results(tp2.config)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert [r.finish_reason for r in results] == [r.finish_reason for r in reference]
+    assert all(len(r.token_ids) == GREEDY.max_new_tokens for r in results)
+    if overlap:
+        # One row: the block drafted ahead is used whenever its block and bonus guess were right.
+        single = tp2.generate(PROMPTS[:1])
+        assert single[0].token_ids == reference[0].token_ids
+        assert tp2.timings.num_overlap_hits > 0
+    else:
+        assert stats.block_efficiency == pytest.approx(reference_stats.block_efficiency)
+        assert stats.num_target_calls == reference_stats.num_target_calls
+
+
+def test_sampling_replays_the_engine_exactly_without_overlap(tp2):
+    """Same seed, same order of uniforms: the same tokens as the engine, not just the same law."""
+    tp2.config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=3)
+    tp2.runtime = RUNTIME
+    results = tp2.generate(PROMPTS)
+    reference, _ = engine_results(tp2.config)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+
+
+def test_sampling_block_efficiency_matches_engine(tp2):
+    """Overlap and bf16 q change the random streams, not the distribution of accepted lengths."""
+    prompts = [[(7 * i + j) % VOCAB_SIZE for j in range(1 + i % 3)] for i in range(24)]
+    config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), max_new_tokens=64, max_batch_size=8, seed=11)
+    tp2.config = config
+    tp2.runtime = replace(RUNTIME, wire_dtype="bfloat16", overlap=True)
+    results, stats = tp2.generate_with_stats(prompts)
+    reference, reference_stats = engine_results(replace(config, seed=12), prompts)
+
+    def mean_and_standard_error(rows):
+        # Per-row mean accepted length, weighted by iterations; the standard error over rows.
+        taus = [row.stats.num_accepted / row.stats.num_iterations for row in rows]
+        mean = sum(taus) / len(taus)
+        variance = sum((tau - mean) ** 2 for tau in taus) / (len(taus) - 1)
+        return mean, math.sqrt(variance / len(taus))
+
+    ray_mean, ray_error = mean_and_standard_error(results)
+    engine_mean, engine_error = mean_and_standard_error(reference)
+    assert stats.num_row_iterations > 300 and reference_stats.num_row_iterations > 300
+    assert 0.3 < engine_mean < 3.7, "the pair must accept some but not all drafts for the test to mean anything"
+    assert abs(ray_mean - engine_mean) < 4 * math.hypot(ray_error, engine_error)
+
+
+def test_sampling_with_blocks_drafted_ahead(tp2):
+    """One row at a time, so blocks drafted ahead get used while sampling (the hit path)."""
+    config = replace(GREEDY, sampling=SamplingParams(temperature=0.3), max_new_tokens=48, max_batch_size=1, seed=5)
+    tp2.config = config
+    tp2.runtime = replace(RUNTIME, overlap=True, wire_dtype="bfloat16")
+    results, stats = tp2.generate_with_stats(PROMPTS[:3])
+    assert tp2.timings.num_overlap_hits > 0
+    assert all(len(r.token_ids) == 48 and r.finish_reason == "length" for r in results)
+    assert 1.0 <= stats.block_efficiency <= config.gamma + 1
+
+
+def test_dead_shard_and_dead_draft_are_replaced_and_output_unchanged(tp2):
+    """Kill target shard 1 at iteration 3, then the draft at iteration 9 (of the new runtime)."""
+    tp2.config = GREEDY
+    tp2.runtime = replace(RUNTIME, overlap=True)
+    runtimes = []
+    killed_at: list[float] = []
+    detected_at: list[float] = []
+    restart = tp2._restart
+
+    def kill(iteration: int) -> None:
+        if iteration in (3, 9) and len(runtimes) < 2 and tp2.timings.num_restarts == len(runtimes):
+            runtimes.append(tp2.actors)
+            ray.kill(tp2.actors.shards[1] if iteration == 3 else tp2.actors.draft, no_restart=True)
+            killed_at.append(time.perf_counter())
+
+    def record_restart(error: BaseException) -> None:
+        detected_at.append(time.perf_counter())
+        restart(error)
+
+    tp2.on_iteration = kill
+    tp2._restart = record_restart
+    try:
+        results = tp2.generate(PROMPTS)
+    finally:
+        tp2.on_iteration = None
+        del tp2._restart
+    reference, _ = engine_results(GREEDY)
+    assert len(killed_at) == 2 and tp2.timings.num_restarts == 2
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert all(r.finish_reason == "length" for r in results)
+    # Noticed within seconds (RayActorError from ray.wait), not after parallel.step_timeout_s.
+    assert all(detected - killed < 5.0 for killed, detected in zip(killed_at, detected_at))
+    ports = {runtime.rendezvous.master_port for runtime in runtimes} | {tp2.actors.rendezvous.master_port}
+    assert len(ports) == 3
+    for old in runtimes:
+        assert all(_actor_is_dead(actor) for actor in old.all_actors)
+        assert placement_group_table(old.placement_group)["state"] == "REMOVED"
+        assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{old.rendezvous.master_port}_*")
+
+
+def test_too_many_failures_raise(tp2):
+    tp2.runtime = replace(RUNTIME, max_restarts=0)
+    tp2.on_iteration = lambda iteration: ray.kill(tp2.actors.shards[0], no_restart=True)
+    try:
+        with pytest.raises(GroupFailure, match="parallel.max_restarts"):
+            tp2.generate(PROMPTS[:1])
+    finally:
+        tp2.on_iteration = None
+        tp2.runtime = RUNTIME
+
+
+def test_ctrl_c_leaves_no_actor_and_no_placement_group(tp2):
+    tp2.config = GREEDY
+    actors = tp2.start().actors
+
+    def interrupt(iteration: int) -> None:
+        raise KeyboardInterrupt
+
+    tp2.on_iteration = interrupt
+    with pytest.raises(KeyboardInterrupt), tp2:
+        tp2.generate(PROMPTS)
+    assert tp2.actors is None
+    assert all(_actor_is_dead(actor) for actor in actors.all_actors)
+    assert placement_group_table(actors.placement_group)["state"] == "REMOVED"
+    assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{actors.rendezvous.master_port}_*")

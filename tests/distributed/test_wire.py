@@ -1,0 +1,53 @@
+"""Draft probabilities on the wire: the draft samples from exactly what the verifier decodes."""
+
+import pytest
+import torch
+
+from distributed_spec.distributed.wire import DraftBlock, WireFormat, decode_probs, sample_view, unpack_probs
+
+
+def _probs(batch_size: int, vocab_size: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(batch_size, vocab_size, generator=generator)).softmax(dim=-1)  # [B, V]
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [WireFormat("float32"), WireFormat("bfloat16"), WireFormat("float16"), WireFormat("float32", top_k=5),
+     WireFormat("bfloat16", top_k=5)],
+    ids=lambda wire: f"{wire.dtype}-top{wire.top_k}",
+)
+def test_sampled_probs_equal_decoded_probs_bitwise(wire: WireFormat) -> None:
+    gamma, vocab_size = 3, 50
+    steps = [sample_view(_probs(4, vocab_size, seed), wire) for seed in range(gamma)]
+    sampled = torch.stack([step[0] for step in steps], dim=1)  # [B, g, V]
+    values = torch.stack([step[1] for step in steps], dim=1)
+    ids = None if steps[0][2] is None else torch.stack([step[2] for step in steps], dim=1)
+    block = DraftBlock(draft_ids=torch.zeros(4, gamma, dtype=torch.long), probs_values=values, probs_ids=ids,
+                       vocab_size=vocab_size)
+    decoded = unpack_probs(block, torch.device("cpu"))
+    assert torch.equal(decoded, sampled)
+    assert torch.allclose(decoded.sum(-1), torch.ones(4, gamma), atol=1e-5)
+
+
+def test_top_k_keeps_only_k_ids_and_shrinks_the_message() -> None:
+    probs = _probs(2, 100, seed=0)
+    sampled, values, ids = sample_view(probs, WireFormat("bfloat16", top_k=4))
+    assert values.shape == (2, 4) and ids.dtype == torch.int32
+    assert ((sampled > 0).sum(-1) == 4).all()
+    # The kept ids are the 4 most likely ones of the unrounded q.
+    assert torch.equal(ids.long().sort(-1).values, probs.topk(4).indices.sort(-1).values)
+
+
+def test_reduced_precision_changes_q_so_the_round_trip_matters() -> None:
+    probs = _probs(2, 100, seed=1)
+    sampled, _, _ = sample_view(probs, WireFormat("bfloat16"))
+    assert not torch.equal(sampled, probs)
+    assert torch.allclose(sampled, probs, rtol=1e-2, atol=1e-6)
+    assert torch.equal(decode_probs(probs.to(torch.bfloat16), None, 100), sampled)
+
+
+def test_greedy_sends_no_probabilities() -> None:
+    block = DraftBlock(draft_ids=torch.zeros(1, 2, dtype=torch.long), probs_values=None, probs_ids=None, vocab_size=9)
+    assert unpack_probs(block, torch.device("cpu")) is None
+    assert block.num_wire_bytes == 16
