@@ -1,0 +1,406 @@
+"""Typed configuration of the generation job: one dataclass per Hydra group in conf/.
+
+Each group folder in conf/ (model, parallel, verifier, sampling, data, tracking) is mirrored by a
+dataclass here, so a YAML key is a field you can find. `JobConfig.from_dictconfig(cfg)` merges the
+composed Hydra config onto these schemas (unknown keys and wrong types fail there) and builds the
+dataclasses, whose `__post_init__` checks values. Every error is a `ConfigError` whose message names
+the key to change; they fire before any model is loaded (the loader checks the loaded
+vocabularies once more).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+VERIFIER_METHODS = ("block", "token", "greedy")
+RUNTIMES = ("local", "ray")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WANDB_MODES = ("online", "offline", "disabled")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# How a model source is read (mirrors distributed_spec.models.loading.MODEL_KINDS; a test checks).
+MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled")
+# Kinds derived from the loaded target: valid for the draft only.
+DERIVED_KINDS = ("truncated", "distilled")
+# A Hugging Face hub id: `org/name`, letters, digits and `-_.` only.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key to change."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass
+class ModelSourceConfig:
+    """Where one model of the pair comes from (model.target.*, model.draft.*)."""
+
+    # "smollm2" (the embedded default), a hub id (org/name), a local safetensors directory, a .gguf
+    # file, or for kind=distilled the distilled checkpoint directory; ignored by kind=truncated.
+    source: str = "smollm2"
+    # How to read `source`: auto (inferred), smollm2, hub, dir, gguf; drafts also truncated, distilled.
+    kind: str = "auto"
+    # kind=truncated: the target's first `num_layers` decoder layers form the draft.
+    num_layers: int | None = None
+    # Hub revision (branch, tag or commit); null: the default branch.
+    revision: str | None = None
+
+    def check(self, key: str, is_draft: bool) -> None:
+        _require(
+            self.kind in MODEL_KINDS, f"{key}.kind={self.kind!r} is unknown; choose one of {MODEL_KINDS}"
+        )
+        if self.kind in DERIVED_KINDS:
+            _require(
+                is_draft, f"{key}.kind={self.kind} derives a draft from the target; the target cannot use it"
+            )
+        if self.kind == "truncated":
+            _require(
+                self.num_layers is not None and self.num_layers >= 1,
+                f"{key}.kind=truncated needs {key}.num_layers >= 1, got {self.num_layers}",
+            )
+            return
+        path = Path(self.source).expanduser()
+        if self.kind in ("dir", "distilled"):
+            _require(
+                path.is_dir(), f"{key}.source={self.source!r} is not a directory ({key}.kind={self.kind})"
+            )
+        elif self.kind == "gguf" or (self.kind == "auto" and self.source.endswith(".gguf")):
+            _require(path.is_file(), f"{key}.source={self.source!r} is not a .gguf file")
+        elif self.kind == "auto":
+            _require(
+                self.source == "smollm2" or path.is_dir() or _HUB_ID.match(self.source) is not None,
+                f"{key}.source={self.source!r} is unknown: use smollm2, a hub id like org/name, "
+                "a local model directory or a .gguf file",
+            )
+        elif self.kind == "hub":
+            _require(
+                _HUB_ID.match(self.source) is not None,
+                f"{key}.source={self.source!r} is not a hub id (org/name)",
+            )
+
+
+@dataclass
+class ModelConfig:
+    """The target/draft pair (conf/model/*.yaml); loaded by distributed_spec.models.load_pair."""
+
+    # Short name of the pair; used in output directory names and W&B tags.
+    name: str = "smollm2"
+    # Target model M_b.
+    target: ModelSourceConfig = field(default_factory=ModelSourceConfig)
+    # Draft model M_s; must share the target's vocabulary. (conf/model/smollm2.yaml uses the bundled
+    # distilled draft; this fallback needs no file beyond the target.)
+    draft: ModelSourceConfig = field(
+        default_factory=lambda: ModelSourceConfig(source="smollm2", kind="truncated", num_layers=4)
+    )
+    # Tokenizer (hub id or directory) to use instead of the target's; null: the target's.
+    tokenizer: str | None = None
+    # Weights dtype of both models: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16.
+    dtype: str = "auto"
+    # Context length in tokens; null: the models' max_position_embeddings.
+    max_context_len: int | None = None
+    # Run modelling code shipped with hub repositories (trusted repositories only).
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "model.name must not be empty")
+        self.target.check("model.target", is_draft=False)
+        self.draft.check("model.draft", is_draft=True)
+        _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is unknown; choose one of {DTYPES}")
+        _require(
+            self.max_context_len is None or self.max_context_len > 1,
+            f"model.max_context_len must be > 1 or null, got {self.max_context_len}",
+        )
+
+
+@dataclass
+class ParallelConfig:
+    """Where and how the models run (conf/parallel/*.yaml)."""
+
+    # `local`: the single-process engine; `ray`: Ray actors with a tensor-parallel target.
+    runtime: str = "local"
+    # Tensor-parallel ranks of the target model (runtime=ray only; local runs one process).
+    tp_size: int = 1
+    # `auto` picks cuda when a GPU is visible, else cpu.
+    device: str = "auto"
+    # Collective backend of the target's process group; `auto`: nccl on cuda, gloo on cpu.
+    backend: str = "auto"
+    # Ray cluster address (`auto` joins a running cluster); null starts Ray in-process.
+    ray_address: str | None = None
+    # CPU threads per process for torch; null leaves torch's default.
+    num_threads: int | None = None
+    # The keys below are read by parallel.runtime=ray only; their meaning and checks live in
+    # distributed_spec.distributed.config.RayRuntimeConfig, which they mirror one to one.
+    # Logical CPUs reserved per target-shard bundle and for the draft bundle.
+    num_cpus_per_shard: float = 1.0
+    num_cpus_draft: float = 1.0
+    # GPUs reserved for the draft bundle on cuda (a fraction shares a GPU).
+    num_gpus_draft: float = 1.0
+    # Ray placement strategy tried first (STRICT_PACK falls back to PACK), and its timeout.
+    placement_strategy: str = "STRICT_PACK"
+    placement_timeout_s: float = 30.0
+    # Precision and top-k sparsity (0 = dense) of the draft probabilities sent to the target shards.
+    wire_dtype: str = "float32"
+    wire_top_k: int = 0
+    # Draft the next block while the shards verify the current one.
+    overlap: bool = False
+    # Seconds a load may take, seconds one iteration may take, and rebuilds of a dead shard group.
+    load_timeout_s: float = 600.0
+    step_timeout_s: float = 60.0
+    max_restarts: int = 3
+
+    def __post_init__(self) -> None:
+        _require(
+            self.runtime in RUNTIMES,
+            f"parallel.runtime={self.runtime!r} is unknown; choose one of {RUNTIMES}",
+        )
+        _require(self.tp_size >= 1, f"parallel.tp_size must be >= 1, got {self.tp_size}")
+        _require(
+            self.device in DEVICES, f"parallel.device={self.device!r} is unknown; choose one of {DEVICES}"
+        )
+        _require(
+            self.backend in BACKENDS,
+            f"parallel.backend={self.backend!r} is unknown; choose one of {BACKENDS}",
+        )
+        _require(
+            not (self.runtime == "local" and self.tp_size > 1),
+            f"parallel.runtime=local runs one process, so parallel.tp_size={self.tp_size} is impossible; "
+            "set parallel.runtime=ray (or parallel.tp_size=1)",
+        )
+        _require(
+            not (self.backend == "nccl" and self.device == "cpu"),
+            "parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=gloo on the CPU",
+        )
+        _require(
+            self.num_threads is None or self.num_threads >= 1,
+            f"parallel.num_threads must be >= 1 or null, got {self.num_threads}",
+        )
+        if self.runtime == "ray":
+            # Checked here with `auto` read as the backend implies; the job resolves it on the machine.
+            implied_device = "cuda" if self.backend == "nccl" else "cpu"
+            self.ray_runtime_config(device=self.device if self.device != "auto" else implied_device)
+
+    def ray_runtime_config(self, device: str | None = None) -> Any:
+        """The distributed runtime's config built from these keys (its checks run here too)."""
+        try:
+            from distributed_spec.distributed.config import RayRuntimeConfig
+        except ImportError:
+            # The distributed runtime is not installed in this tree; generate.py reports it.
+            return None
+        device = device or self.resolved_device()
+        backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        values = {f.name: getattr(self, f.name) for f in fields(RayRuntimeConfig) if hasattr(self, f.name)}
+        values.update(device=device, backend=backend)
+        try:
+            return RayRuntimeConfig(**values)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    def resolved_device(self) -> str:
+        """`cpu` or `cuda`: `auto` resolved against the local machine."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.resolved_device() == "cuda" else "gloo"
+
+
+@dataclass
+class VerifierConfig:
+    """The verification rule and the draft block length (conf/verifier/*.yaml)."""
+
+    # `block` (Sun et al. 2024), `token` (Leviathan et al. 2023) or `greedy` (prefix match).
+    method: str = "block"
+    # Draft block length g: tokens proposed per target call.
+    gamma: int = 4
+
+    def __post_init__(self) -> None:
+        _require(
+            self.method in VERIFIER_METHODS,
+            f"verifier.method={self.method!r} is unknown; choose one of {VERIFIER_METHODS} "
+            "(e.g. verifier=block)",
+        )
+        _require(self.gamma >= 1, f"verifier.gamma must be >= 1, got {self.gamma}")
+
+
+@dataclass
+class SamplingConfig:
+    """How tokens are drawn (conf/sampling/*.yaml); applied to draft and target alike."""
+
+    # Softmax temperature; 0 is greedy.
+    temperature: float = 0.7
+    # Keep the k most likely tokens; 0 disables.
+    top_k: int = 0
+    # Nucleus mass; 1.0 disables.
+    top_p: float = 1.0
+    # Tokens to generate per record at most.
+    max_new_tokens: int = 128
+    # Seed of the job's random numbers (draft sampling and verification uniforms).
+    seed: int = 0
+    # Strings that end a completion; the completion is cut before the first one.
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _require(self.temperature >= 0.0, f"sampling.temperature must be >= 0, got {self.temperature}")
+        _require(self.top_k >= 0, f"sampling.top_k must be >= 0 (0 disables), got {self.top_k}")
+        _require(0.0 < self.top_p <= 1.0, f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        _require(self.max_new_tokens >= 1, f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _require(all(self.stop), "sampling.stop must not contain empty strings")
+
+
+@dataclass
+class DataConfig:
+    """Input records, output files and batching (conf/data/*.yaml)."""
+
+    # JSONL (or .parquet) file of records with an id and a `prompt` or chat `messages`.
+    input_path: str = ""
+    # Directory of completions.jsonl, errors.jsonl and summary.json; null: the Hydra run directory.
+    output_dir: str | None = None
+    # Records per engine call.
+    batch_size: int = 4
+    # fsync the output files after this many records (and at the end).
+    fsync_every: int = 16
+    # Process at most this many input records; null: all.
+    limit: int | None = None
+    # Apply the tokenizer's chat template to plain `prompt` records too (chat `messages` always get it).
+    chat_template_for_prompts: bool = False
+    # Rerun-safe: skip ids already in the output. false starts over and truncates the outputs.
+    resume: bool = True
+    # Field names in the input records.
+    id_field: str = "id"
+    prompt_field: str = "prompt"
+    messages_field: str = "messages"
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.fsync_every >= 1, f"data.fsync_every must be >= 1, got {self.fsync_every}")
+        _require(self.limit is None or self.limit >= 0, f"data.limit must be >= 0 or null, got {self.limit}")
+
+    def check_input_exists(self) -> None:
+        _require(bool(self.input_path), "data.input_path is required (e.g. data.input_path=prompts.jsonl)")
+        path = Path(self.input_path).expanduser()
+        _require(path.is_file(), f"data.input_path={self.input_path!r} is not a file")
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking (conf/tracking/*.yaml): W&B plus the console."""
+
+    # `offline` writes the run under the output directory (no account needed); `online` uploads.
+    mode: str = "offline"
+    # W&B project and entity (entity null: the account's default).
+    project: str = "distributed_spec"
+    entity: str | None = None
+    # W&B run name; null lets W&B pick one.
+    name: str | None = None
+    # Tags added to the W&B run, besides the model name, verifier and runtime.
+    tags: list[str] = field(default_factory=list)
+    # Log metrics every this many engine batches.
+    log_every: int = 1
+    # Sample completions kept for the W&B table.
+    num_samples: int = 16
+    # Show a progress bar on stderr.
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _require(
+            self.mode in WANDB_MODES, f"tracking.mode={self.mode!r} is unknown; choose one of {WANDB_MODES}"
+        )
+        _require(self.log_every >= 1, f"tracking.log_every must be >= 1, got {self.log_every}")
+        _require(self.num_samples >= 0, f"tracking.num_samples must be >= 0, got {self.num_samples}")
+
+
+@dataclass
+class JobConfig:
+    """The whole generation job (conf/generate.yaml)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # Log level of the job's loggers.
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        _require(
+            self.log_level in LOG_LEVELS,
+            f"log_level={self.log_level!r} is unknown; choose one of {LOG_LEVELS}",
+        )
+        _require(
+            not (self.verifier.method == "greedy" and self.sampling.temperature > 0),
+            "verifier=greedy matches argmax tokens and needs sampling.temperature=0; "
+            "set sampling.temperature=0 or use verifier=block",
+        )
+
+    @classmethod
+    def from_dictconfig(cls, cfg: DictConfig | dict[str, Any]) -> JobConfig:
+        """Validate a composed Hydra config against the schemas; raises ConfigError."""
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(cls), cfg)
+            job = OmegaConf.to_object(merged)
+        except ConfigError:
+            raise
+        except OmegaConfBaseException as err:
+            raise ConfigError(_omegaconf_message(err)) from err
+        assert isinstance(job, cls)
+        return job
+
+    def to_dict(self) -> dict[str, Any]:
+        return OmegaConf.to_container(OmegaConf.structured(self), resolve=True)  # type: ignore[return-value]
+
+
+def _omegaconf_message(err: OmegaConfBaseException) -> str:
+    # OmegaConf wraps __post_init__ errors; surface ours unchanged.
+    cause = err.__cause__ or err.__context__
+    if isinstance(cause, ConfigError):
+        return str(cause)
+    key = getattr(err, "full_key", None)
+    first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"{key}: {first_line}" if key else first_line
+
+
+def check_devices(parallel: ParallelConfig) -> None:
+    """Fail early when the machine cannot host `parallel.tp_size` ranks (before any model loads).
+
+    A remote Ray cluster (`parallel.ray_address` set) is checked by the coordinator once connected.
+    """
+    device = parallel.resolved_device()
+    if device == "cuda":
+        import torch
+
+        _require(
+            torch.cuda.is_available(),
+            "parallel.device=cuda but no CUDA device is visible; set parallel.device=cpu",
+        )
+        if parallel.ray_address is None:
+            num_gpus = torch.cuda.device_count()
+            _require(
+                parallel.tp_size <= num_gpus,
+                f"parallel.tp_size={parallel.tp_size} is larger than the {num_gpus} GPU(s) visible here; "
+                f"lower parallel.tp_size or join a cluster with parallel.ray_address",
+            )
+    elif parallel.ray_address is None:
+        num_cpus = os.cpu_count() or 1
+        _require(
+            parallel.tp_size <= num_cpus,
+            f"parallel.tp_size={parallel.tp_size} is larger than the {num_cpus} CPU core(s) here; "
+            "lower parallel.tp_size",
+        )

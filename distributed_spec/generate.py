@@ -1,0 +1,428 @@
+"""Offline generation with speculative decoding: JSONL (or Parquet) prompts in, completions out.
+
+    python -m distributed_spec.generate                                   # sample prompts, SmolLM2 pair
+    python -m distributed_spec.generate data.input_path=prompts.jsonl sampling.max_new_tokens=256
+    python -m distributed_spec.generate --multirun verifier=block,token verifier.gamma=2,4,8
+    distributed-spec-generate parallel=ray parallel.tp_size=2            # the console script
+
+A Hydra app over conf/ (groups: model, parallel, verifier, sampling, data, tracking; every value can
+be overridden on the command line). Each run writes to its own directory (`data.output_dir`, by
+default the Hydra run directory, named after the settings that change completions):
+
+- completions.jsonl: one line per finished record: id, prompt, completion, completion_ids,
+  finish_reason, stats. Written as batches finish, fsynced every `data.fsync_every` records.
+- errors.jsonl: one line per bad record (line, id, reason); bad input never stops the job.
+- summary.json, run_meta.json, .hydra/ (the resolved config), wandb/ (offline W&B run).
+
+Rerunning the same command resumes: finished ids are skipped and a torn last line is repaired, so
+the output ends complete and without duplicates (jobs/resume.py). Bad configuration fails at start,
+before any model is loaded, with one message naming the key to change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from distributed_spec.config import ConfigError, JobConfig, check_devices
+from distributed_spec.jobs.errors import REASON_GENERATION, REASON_TOKENIZER, REASON_TOO_LONG, record_error
+from distributed_spec.jobs.io import InputRecord, JsonlAppender, id_key, read_records
+from distributed_spec.jobs.resume import check_run_meta, reset_outputs, scan_jsonl
+from distributed_spec.jobs.runtime import (
+    Generator,
+    build_generator,
+    check_runtime_available,
+    check_vocab_sizes,
+)
+from distributed_spec.tracking import rank_zero_logger
+from distributed_spec.tracking.metrics import RunMetrics, record_stats
+from distributed_spec.tracking.progress import Progress, print_summary
+from distributed_spec.tracking.trackers import Tracker, build_tracker
+
+logger = rank_zero_logger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# conf/ sits at the repository root, beside the package (a source checkout or an editable install);
+# DISTRIBUTED_SPEC_CONF_DIR points elsewhere.
+CONF_DIR = Path(os.environ.get("DISTRIBUTED_SPEC_CONF_DIR", PACKAGE_DIR.parent / "conf")).resolve()
+COMPLETIONS_NAME = "completions.jsonl"
+ERRORS_NAME = "errors.jsonl"
+SUMMARY_NAME = "summary.json"
+
+
+def _register_resolvers() -> None:
+    # ${ds.asset:name}: a file shipped in distributed_spec/assets; ${ds.stem:path}: a file's stem.
+    OmegaConf.register_new_resolver("ds.asset", lambda name: str(PACKAGE_DIR / "assets" / name), replace=True)
+    OmegaConf.register_new_resolver("ds.stem", lambda path: Path(str(path)).stem, replace=True)
+
+
+_register_resolvers()
+
+
+@dataclass
+class OutputPaths:
+    """The files of one run directory."""
+
+    root: Path
+
+    @property
+    def completions(self) -> Path:
+        return self.root / COMPLETIONS_NAME
+
+    @property
+    def errors(self) -> Path:
+        return self.root / ERRORS_NAME
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY_NAME
+
+
+@dataclass
+class PendingRecord:
+    """A valid record, tokenised, waiting for its batch."""
+
+    record: InputRecord
+    # The text fed to the model (after the chat template for `messages`).
+    prompt_text: str
+    # [num_prompt_tokens]
+    prompt_ids: list[int]
+
+
+def fingerprint(job: JobConfig) -> dict[str, Any]:
+    """The settings that decide what a completion is; resuming with others is refused."""
+    settings = job.to_dict()
+    data = settings["data"]
+    return {
+        "model": {key: settings["model"][key] for key in ("target", "draft", "tokenizer", "dtype")},
+        "verifier": settings["verifier"],
+        "sampling": settings["sampling"],
+        "input_path": str(Path(data["input_path"]).expanduser().resolve()),
+        "fields": [data["id_field"], data["prompt_field"], data["messages_field"]],
+        "chat_template_for_prompts": data["chat_template_for_prompts"],
+    }
+
+
+def default_output_dir() -> Path:
+    """The Hydra run directory when Hydra runs this job, else the working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path.cwd()
+
+
+def check_job(job: JobConfig) -> None:
+    """Every start-time check that needs no model: input file, devices, runtime, vocabularies."""
+    job.data.check_input_exists()
+    check_devices(job.parallel)
+    check_runtime_available(job)
+    check_vocab_sizes(job.model)
+
+
+def render_prompt(
+    record: InputRecord, tokenizer: Any, chat_template_for_prompts: bool
+) -> tuple[str, list[int]]:
+    """Prompt text and ids: chat `messages` (and plain prompts, if asked) go through the chat template."""
+    if record.messages is not None or chat_template_for_prompts:
+        messages = record.messages or [{"role": "user", "content": record.prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The template already holds the special tokens (BOS, role markers).
+        return text, list(tokenizer.encode(text, add_special_tokens=False))
+    assert record.prompt is not None
+    return record.prompt, list(tokenizer.encode(record.prompt))
+
+
+def batch_seed(job: JobConfig, batch: list[PendingRecord]) -> int:
+    """A seed per batch from sampling.seed and the batch's ids: batches draw independent random
+    numbers, and a rerun of the same batch draws the same ones."""
+    ids = "\n".join(id_key(pending.record.id) for pending in batch)
+    return zlib.crc32(f"{job.sampling.seed}\n{ids}".encode()) & 0x7FFFFFFF
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """The completion text up to (not including) the first stop string."""
+    cut = min((index for index in (text.find(s) for s in stop) if index >= 0), default=len(text))
+    return text[:cut]
+
+
+# What `JobRunner.prepare` yields for records that need no work: already completed, or already
+# recorded in errors.jsonl by an earlier run.
+_DONE = "done"
+_KNOWN_ERROR = "known error"
+# Generation failures in a row (no success between) after which the runtime is taken as broken.
+MAX_CONSECUTIVE_FAILURES = 8
+
+
+class JobRunner:
+    """One run: reads records, batches them through the generator, writes outputs, tracks metrics."""
+
+    def __init__(self, job: JobConfig, generator: Generator, tracker: Tracker, paths: OutputPaths) -> None:
+        self.job = job
+        self.generator = generator
+        self.tracker = tracker
+        self.paths = paths
+        self.metrics = RunMetrics()
+        self.samples: list[tuple[Any, ...]] = []
+        self.num_batches = 0
+        self.num_consecutive_failures = 0
+
+    def prepare(self, records: Iterator[Any], done_ids: set[str], error_lines: set[int]) -> Iterator[Any]:
+        """Skip finished work; tokenise; turn tokenizer and length failures into errors."""
+        max_context_len = self.generator.max_context_len
+        for item in records:
+            if isinstance(item, InputRecord):
+                if id_key(item.id) in done_ids:
+                    yield _DONE
+                    continue
+                try:
+                    text, ids = render_prompt(
+                        item, self.generator.tokenizer, self.job.data.chat_template_for_prompts
+                    )
+                except Exception as err:  # any tokenizer failure is this record's problem only
+                    item = record_error(item.line, item.id, REASON_TOKENIZER, f"{type(err).__name__}: {err}")
+                else:
+                    # Prompts that leave room for fewer than max_new_tokens still run (shorter budget).
+                    if len(ids) < max_context_len:
+                        yield PendingRecord(item, text, ids)
+                        continue
+                    item = record_error(
+                        item.line,
+                        item.id,
+                        REASON_TOO_LONG,
+                        f"{len(ids)} tokens, the context holds {max_context_len} (model.max_context_len)",
+                    )
+            yield _KNOWN_ERROR if item.line in error_lines else item
+
+    def run(
+        self, records: Iterator[Any], done_ids: set[str], error_lines: set[int], progress: Progress
+    ) -> int:
+        """Process every record; returns how many were skipped as already finished."""
+        num_skipped = 0
+        batch: list[PendingRecord] = []
+        with JsonlAppender(self.paths.completions) as completions, JsonlAppender(self.paths.errors) as errors:
+            for item in self.prepare(records, done_ids, error_lines):
+                if item is _DONE:
+                    num_skipped += 1
+                elif item is _KNOWN_ERROR:
+                    continue
+                elif isinstance(item, PendingRecord):
+                    batch.append(item)
+                    if len(batch) == self.job.data.batch_size:
+                        self._run_batch(batch, completions, errors, progress)
+                        batch = []
+                else:
+                    errors.write(item.to_json())
+                    self.metrics.num_errors += 1
+                    progress.update(1, self.metrics)
+                    self._maybe_sync(completions, errors)
+            if batch:
+                self._run_batch(batch, completions, errors, progress)
+        return num_skipped
+
+    def _run_batch(
+        self,
+        batch: list[PendingRecord],
+        completions: JsonlAppender,
+        errors: JsonlAppender,
+        progress: Progress,
+    ) -> None:
+        try:
+            outputs = [
+                (batch, self.generator.generate([p.prompt_ids for p in batch], batch_seed(self.job, batch)))
+            ]
+        except Exception:
+            # One bad record must not cost the batch: retry one by one and record the failures.
+            logger.warning(
+                "a batch of %d records failed; retrying them one by one", len(batch), exc_info=True
+            )
+            outputs = []
+            for pending in batch:
+                try:
+                    seed = batch_seed(self.job, [pending])
+                    outputs.append(([pending], self.generator.generate([pending.prompt_ids], seed)))
+                    self.num_consecutive_failures = 0
+                except Exception as err:
+                    reason = f"{type(err).__name__}: {err}"
+                    errors.write(
+                        record_error(
+                            pending.record.line, pending.record.id, REASON_GENERATION, reason
+                        ).to_json()
+                    )
+                    self.metrics.num_errors += 1
+                    self.num_consecutive_failures += 1
+                    if self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                        errors.sync()
+                        raise RuntimeError(
+                            f"generation failed for {self.num_consecutive_failures} records in a row "
+                            f"(last: {reason}); the runtime looks broken: fix it and rerun to resume "
+                            "(records that failed to generate are retried)"
+                        ) from err
+        for pendings, output in outputs:
+            for pending, result in zip(pendings, output.results):
+                completions.write(self._output_record(pending, result))
+            num_prompt_tokens = sum(len(pending.prompt_ids) for pending in pendings)
+            self.metrics.add_batch(output.stats, len(pendings), num_prompt_tokens, output.extra)
+        self._maybe_sync(completions, errors)
+        self.num_batches += 1
+        progress.update(len(batch), self.metrics)
+        if self.num_batches % self.job.tracking.log_every == 0:
+            self.tracker.log(self.metrics.snapshot(), step=self.num_batches)
+
+    def _maybe_sync(self, completions: JsonlAppender, errors: JsonlAppender) -> None:
+        """fsync both outputs once either holds data.fsync_every unsynced records."""
+        threshold = self.job.data.fsync_every
+        if completions.num_unsynced >= threshold or errors.num_unsynced >= threshold:
+            completions.sync()
+            errors.sync()
+
+    def _output_record(self, pending: PendingRecord, result: Any) -> dict[str, Any]:
+        text = self.generator.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        text = cut_at_stop(text, self.job.sampling.stop)
+        stats = record_stats(result)
+        record = pending.record
+        if len(self.samples) < self.job.tracking.num_samples:
+            self.samples.append(
+                (
+                    str(record.id),
+                    pending.prompt_text,
+                    text,
+                    result.finish_reason,
+                    len(result.token_ids),
+                    stats["block_efficiency"],
+                )
+            )
+        output: dict[str, Any] = {"id": record.id, "prompt": pending.prompt_text}
+        if record.messages is not None:
+            output["messages"] = record.messages
+        output.update(
+            completion=text,
+            completion_ids=list(result.token_ids),
+            finish_reason=result.finish_reason,
+            num_prompt_tokens=len(pending.prompt_ids),
+            stats=stats,
+        )
+        return output
+
+
+def count_input_records(path: str, limit: int | None) -> int:
+    """Records in the input (non-blank JSONL lines, Parquet rows): the progress bar's total."""
+    if Path(path).suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(Path(path).expanduser()).metadata.num_rows
+    else:
+        with open(Path(path).expanduser(), "rb") as file:
+            total = sum(1 for raw in file if raw.strip())
+    return total if limit is None else min(total, limit)
+
+
+def _limited(records: Iterator[Any], limit: int | None) -> Iterator[Any]:
+    for index, item in enumerate(records):
+        if limit is not None and index >= limit:
+            return
+        yield item
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _final_error_line(error: dict[str, Any]) -> int | None:
+    return None if str(error.get("reason", "")).startswith(REASON_GENERATION) else error.get("line")
+
+
+def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | None = None) -> dict[str, Any]:
+    """Run the job; returns the summary. `generator` replaces the configured runtime (tests)."""
+    check_job(job)
+    paths = OutputPaths(
+        Path(job.data.output_dir) if job.data.output_dir else output_dir or default_output_dir()
+    )
+    if not job.data.resume:
+        reset_outputs([paths.completions, paths.errors, paths.summary])
+    check_run_meta(paths.root, fingerprint(job), job.data.resume)
+    done = scan_jsonl(paths.completions, lambda record: id_key(record["id"]) if "id" in record else None)
+    # Input errors are final; generation failures are dropped from errors.jsonl and retried.
+    errors_done = scan_jsonl(paths.errors, _final_error_line)
+    if done.num_records or errors_done.num_records:
+        logger.info(
+            "resuming in %s: %d records done, %d errors recorded",
+            paths.root,
+            done.num_records,
+            errors_done.num_records,
+        )
+    config = job.to_dict()
+    tags = [job.model.name, job.verifier.method, f"gamma={job.verifier.gamma}", job.parallel.runtime]
+    tracker = build_tracker(job.tracking, paths.root, config, tags)
+    try:
+        if generator is None:
+            logger.info(
+                "loading %s (target %s, draft %s)",
+                job.model.name,
+                job.model.target.source,
+                job.model.draft.source,
+            )
+            generator = build_generator(job)
+        total = count_input_records(job.data.input_path, job.data.limit)
+        initial = min(done.num_records + errors_done.num_records, total)
+        progress = Progress(total=total, initial=initial, enabled=job.tracking.progress)
+        runner = JobRunner(job, generator, tracker, paths)
+        records = _limited(read_records(job.data.input_path, job.data), job.data.limit)
+        try:
+            num_skipped = runner.run(records, done.keys, errors_done.keys, progress)
+        finally:
+            progress.close()
+        summary = runner.metrics.snapshot()
+        summary.update(
+            records_total=done.num_records + runner.metrics.num_records,
+            records_skipped=num_skipped,
+            errors_total=errors_done.num_records + runner.metrics.num_errors,
+            acceptance_per_position=runner.metrics.engine.acceptance_per_position,
+            output_dir=str(paths.root),
+        )
+        _write_json(paths.summary, summary)
+        tracker.log_samples(runner.samples)
+        tracker.summary({key: value for key, value in summary.items() if not isinstance(value, list)})
+        print_summary(summary, title=f"{job.model.name} {job.verifier.method} g={job.verifier.gamma}")
+        logger.info(
+            "done: %d records (%d in output), %d errors, %.1f tokens/s, block efficiency %.3f -> %s",
+            summary["records"],
+            summary["records_total"],
+            summary["errors"],
+            summary["tokens_per_s"],
+            summary["block_efficiency"],
+            paths.root,
+        )
+        return summary
+    finally:
+        tracker.finish()
+        if generator is not None:
+            generator.close()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="generate", version_base="1.3")
+def main(cfg: DictConfig) -> dict[str, Any]:
+    try:
+        job = JobConfig.from_dictconfig(cfg)
+        logging.getLogger("distributed_spec").setLevel(job.log_level)
+        return run(job)
+    except ConfigError as err:
+        # One clear line, no traceback: the message names the key to change.
+        logger.error("configuration error: %s", err)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Input records in, completions out: JSONL (or Parquet) reading that never stops on bad input.
+
+Input: one record per line (JSONL) or row (Parquet), with an id and either a `prompt` string or a
+chat `messages` list of `{"role": ..., "content": ...}`. `read_records` yields an `InputRecord` for
+every good record and a `RecordError` (see errors.py) for every bad one, in input order, so the job
+writes the latter to errors.jsonl and goes on. Blank lines are skipped silently.
+
+Output: `JsonlAppender` appends one JSON object per line (UTF-8, not ASCII-escaped), flushing and
+fsyncing on `sync()`, so what is on disk after a crash is whole lines plus at most one torn line,
+which resume.py repairs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distributed_spec.config import DataConfig
+from distributed_spec.jobs.errors import (
+    REASON_BAD_ID,
+    REASON_BAD_MESSAGES,
+    REASON_BAD_PROMPT,
+    REASON_DUPLICATE_ID,
+    REASON_EMPTY_PROMPT,
+    REASON_INVALID_UTF8,
+    REASON_MALFORMED_JSON,
+    REASON_MISSING_ID,
+    REASON_MISSING_PROMPT,
+    REASON_NOT_AN_OBJECT,
+    RecordError,
+    record_error,
+)
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """One valid input record; exactly one of `prompt` and `messages` is set."""
+
+    # 1-based line (JSONL) or row (Parquet) of the input file.
+    line: int
+    # The record's id as given (str or int), kept unchanged in the outputs.
+    id: Any
+    prompt: str | None = None
+    # Chat turns: [{"role": str, "content": str}, ...]
+    messages: list[dict[str, str]] | None = None
+
+
+def id_key(record_id: Any) -> str:
+    """A hashable key that keeps 7 and "7" apart (the JSON text of the id)."""
+    return json.dumps(record_id, ensure_ascii=False)
+
+
+def read_records(path: str | Path, data: DataConfig) -> Iterator[InputRecord | RecordError]:
+    """Parse and check every record of a JSONL or Parquet file; see the module docstring."""
+    path = Path(path).expanduser()
+    rows = _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
+    first_line_of_id: dict[str, int] = {}
+    for line, row in rows:
+        if isinstance(row, RecordError):
+            yield row
+            continue
+        checked = check_record(line, row, data)
+        if isinstance(checked, InputRecord):
+            key = id_key(checked.id)
+            if key in first_line_of_id:
+                checked = record_error(
+                    line, checked.id, REASON_DUPLICATE_ID, f"first seen on line {first_line_of_id[key]}"
+                )
+            else:
+                first_line_of_id[key] = line
+        yield checked
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    # Binary mode: each line is decoded on its own, so invalid UTF-8 costs one record, not the file.
+    with open(path, "rb") as file:
+        for line, raw in enumerate(file, start=1):
+            if not raw.strip():
+                continue
+            try:
+                # utf-8-sig on the first line: a byte-order mark there is not part of the record.
+                text = raw.decode("utf-8-sig" if line == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                yield line, record_error(line, None, REASON_INVALID_UTF8, f"byte {err.start}")
+                continue
+            try:
+                yield line, json.loads(text)
+            except json.JSONDecodeError as err:
+                yield (
+                    line,
+                    record_error(line, None, REASON_MALFORMED_JSON, f"{err.msg} at column {err.colno}"),
+                )
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError(
+            "Parquet input needs pyarrow: pip install 'distributed_spec[parquet]' (or use JSONL)"
+        ) from err
+    line = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            line += 1
+            yield line, row
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    # JSON escapes like "\ud800" decode to strings that cannot be written back as UTF-8.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_record(line: int, row: Any, data: DataConfig) -> InputRecord | RecordError:
+    """Validate one decoded row: id, then `prompt` or `messages`."""
+    if not isinstance(row, dict):
+        return record_error(line, None, REASON_NOT_AN_OBJECT, f"got {type(row).__name__}")
+    record_id = row.get(data.id_field)
+    if record_id is None:
+        return record_error(line, None, REASON_MISSING_ID, f"no {data.id_field!r} field")
+    if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
+        return record_error(line, None, REASON_BAD_ID, f"{data.id_field!r} must be a string or an integer")
+    if isinstance(record_id, str) and (not record_id or _has_lone_surrogate(record_id)):
+        return record_error(line, None, REASON_BAD_ID, "empty or not valid Unicode")
+    prompt = row.get(data.prompt_field)
+    messages = row.get(data.messages_field)
+    if prompt is None and messages is None:
+        return record_error(
+            line, record_id, REASON_MISSING_PROMPT, f"needs {data.prompt_field!r} or {data.messages_field!r}"
+        )
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            return record_error(line, record_id, REASON_BAD_PROMPT, f"{data.prompt_field!r} must be a string")
+        if _has_lone_surrogate(prompt):
+            return record_error(line, record_id, REASON_BAD_PROMPT, "not valid Unicode (lone surrogate)")
+        if not prompt.strip():
+            return record_error(line, record_id, REASON_EMPTY_PROMPT)
+        return InputRecord(line=line, id=record_id, prompt=prompt)
+    return _check_messages(line, record_id, messages, data)
+
+
+def _check_messages(line: int, record_id: Any, messages: Any, data: DataConfig) -> InputRecord | RecordError:
+    if not isinstance(messages, list) or not messages:
+        return record_error(
+            line, record_id, REASON_BAD_MESSAGES, f"{data.messages_field!r} must be a non-empty list"
+        )
+    for turn, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return record_error(line, record_id, REASON_BAD_MESSAGES, f"turn {turn} needs a string 'role'")
+        content = message.get("content")
+        if not isinstance(content, str) or _has_lone_surrogate(content):
+            return record_error(
+                line, record_id, REASON_BAD_MESSAGES, f"turn {turn} needs a valid string 'content'"
+            )
+    if not any(message["content"].strip() for message in messages):
+        return record_error(line, record_id, REASON_EMPTY_PROMPT, "every message is empty")
+    turns = [{"role": message["role"], "content": message["content"]} for message in messages]
+    return InputRecord(line=line, id=record_id, messages=turns)
+
+
+class JsonlAppender:
+    """Appends JSON lines to a file; `sync()` flushes and fsyncs (the durability point)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self.num_unsynced = 0
+
+    def write(self, obj: dict[str, Any]) -> None:
+        self._file.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.num_unsynced += 1
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.num_unsynced = 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

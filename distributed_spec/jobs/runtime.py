@@ -1,0 +1,113 @@
+"""What the job needs from a runtime, and how `parallel.runtime` picks one.
+
+The job talks to a `Generator`: a tokenizer, a context length, and `generate(prompt ids) ->
+results`. `parallel.runtime=local` wraps the single-process engine (distributed_spec/engine/),
+`parallel.runtime=ray` the Ray coordinator (distributed_spec/distributed/); both are imported
+lazily, so a missing runtime fails with a clear message only when it is asked for.
+
+Terms as in DESIGN.md: a target call verifies one draft block of up to g tokens; it keeps an
+accepted prefix and emits one correction or bonus token; block efficiency = tokens per target call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from distributed_spec.config import DERIVED_KINDS, ConfigError, JobConfig, ModelConfig, ModelSourceConfig
+
+if TYPE_CHECKING:
+    # Types only: importing the engine pulls in torch and transformers, which configuration
+    # errors should not wait for.
+    from distributed_spec.engine.config import GenerationResult, RunStats
+
+
+@dataclass
+class BatchOutput:
+    """What one `Generator.generate` call returns."""
+
+    # One result per prompt, in prompt order (token ids, finish reason, per-row stats).
+    results: list[GenerationResult]
+    # Counters of the whole call: target calls, acceptance per position, draft/target/verify time.
+    stats: RunStats
+    # Runtime-specific additive counters (e.g. the Ray runtime's transfer time and wire bytes),
+    # summed over the run and tracked as `runtime/<name>`.
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Generator(Protocol):
+    """A loaded target/draft pair that completes batches of tokenised prompts."""
+
+    # Hugging Face tokenizer of the pair (encode, decode, apply_chat_template, eos_token_id).
+    tokenizer: Any
+    # Longest sequence (prompt + completion) the pair can hold; longer prompts are per-record errors.
+    max_context_len: int
+
+    def generate(self, prompt_ids: list[list[int]], seed: int) -> BatchOutput:
+        """Complete every prompt (results in the same order), drawing random numbers from `seed`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _declared_vocab_size(source: ModelSourceConfig) -> int | None:
+    """vocab_size from a model's config.json when it is on disk (a directory or the hub cache), else None."""
+    if source.kind in DERIVED_KINDS or source.kind in ("smollm2", "gguf") or source.source.endswith(".gguf"):
+        return None
+    path = Path(source.source).expanduser()
+    config_path: Path | str | None = path / "config.json" if path.is_dir() else None
+    if config_path is None and source.kind in ("auto", "hub"):
+        from huggingface_hub import try_to_load_from_cache
+
+        config_path = try_to_load_from_cache(source.source, "config.json", revision=source.revision)
+    if not isinstance(config_path, (str, Path)) or not Path(config_path).is_file():
+        return None
+    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    vocab_size = config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
+    return int(vocab_size) if vocab_size is not None else None
+
+
+def check_vocab_sizes(model: ModelConfig) -> None:
+    """Refuse a pair whose config files declare different vocabularies, before loading weights.
+
+    The loader checks the loaded tokenizers and LM heads again; this catches what it can early.
+    """
+    target_size = _declared_vocab_size(model.target)
+    draft_size = _declared_vocab_size(model.draft)
+    if target_size is not None and draft_size is not None and target_size != draft_size:
+        raise ConfigError(
+            f"model.draft.source={model.draft.source!r} has a vocabulary of {draft_size} tokens but "
+            f"model.target.source={model.target.source!r} has {target_size}: pick a draft that shares "
+            "the target's tokenizer"
+        )
+
+
+def check_runtime_available(job: JobConfig) -> None:
+    """Fail before loading anything when the chosen runtime is not part of this installation."""
+    module = {"local": "distributed_spec.engine", "ray": "distributed_spec.distributed.coordinator"}[
+        job.parallel.runtime
+    ]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ConfigError(
+            f"parallel.runtime={job.parallel.runtime} is not available yet ({module} is missing); "
+            "use parallel.runtime=local"
+        )
+
+
+def build_generator(job: JobConfig) -> Generator:
+    """Load the pair for `job.parallel.runtime`; the runtime modules are imported only here."""
+    check_runtime_available(job)
+    if job.parallel.runtime == "local":
+        from distributed_spec.jobs.local_runtime import LocalGenerator
+
+        return LocalGenerator(job)
+    from distributed_spec.jobs.ray_runtime import RayGenerator
+
+    return RayGenerator(job)

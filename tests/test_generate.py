@@ -1,0 +1,237 @@
+"""The Hydra app: config composition and checks, and end-to-end runs through the real engine.
+
+End-to-end runs use a tiny random pair saved as safetensors directories (tests/jobs/fakes.py), so they
+go through the real loader, engine and CLI in a subprocess: a sweep, and a SIGKILL mid-run + resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from distributed_spec.config import MODEL_KINDS, ConfigError, JobConfig, ParallelConfig
+from distributed_spec.generate import CONF_DIR
+from tests.jobs.fakes import save_tiny_pair
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_OPTIONS = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def _compose(overrides: list[str]) -> JobConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="generate", overrides=overrides)
+    return JobConfig.from_dictconfig(cfg)
+
+
+@pytest.mark.parametrize("model", MODEL_OPTIONS)
+def test_every_model_option_composes(model):
+    job = _compose([f"model={model}"])
+    assert job.model.name == model
+
+
+def test_defaults_are_the_embedded_pair_on_the_sample_prompts():
+    job = _compose([])
+    assert job.model.target.source == "smollm2"
+    assert (
+        job.model.draft.kind == "distilled" and (Path(job.model.draft.source) / "draft_config.json").is_file()
+    )
+    assert (job.verifier.method, job.parallel.runtime, job.tracking.mode) == ("block", "local", "offline")
+    assert Path(job.data.input_path).name == "sample_prompts.jsonl" and Path(job.data.input_path).is_file()
+
+
+def test_sample_prompts_are_valid_and_varied():
+    records = [json.loads(line) for line in (REPO / "distributed_spec/assets/sample_prompts.jsonl").open()]
+    assert len(records) >= 16 and len({record["id"] for record in records}) == len(records)
+    assert {record["id"].split("-")[0] for record in records} >= {"chat", "code", "sum"}
+    assert any("prompt" in record for record in records) and any("messages" in record for record in records)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["verifier.gamma=0"], "verifier.gamma"),
+        (["verifier.method=beam"], "verifier.method"),
+        (["parallel.tp_size=2"], "parallel.runtime"),
+        (["parallel=ray", "parallel.wire_dtype=int3"], "parallel.wire_dtype"),
+        (["sampling.top_p=0"], "sampling.top_p"),
+        (["verifier=greedy"], "sampling.temperature"),
+        (["model.target.source=not-a-model"], "model.target.source"),
+        (["model.draft.kind=truncated", "model.draft.num_layers=0"], "model.draft.num_layers"),
+        (["model.target.kind=distilled"], "model.target.kind"),
+        (["data.batch_size=0"], "data.batch_size"),
+        (["tracking.mode=cloud"], "tracking.mode"),
+        (["+verifier.gama=3"], "verifier.gama"),
+    ],
+)
+def test_bad_configuration_names_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _compose(overrides)
+
+
+def test_parallel_keys_mirror_the_ray_runtime_config():
+    from distributed_spec.distributed.config import RayRuntimeConfig
+
+    ours = {field.name: field.default for field in dataclasses.fields(ParallelConfig)}
+    for field in dataclasses.fields(RayRuntimeConfig):
+        assert field.name in ours, f"conf/parallel and ParallelConfig lack parallel.{field.name}"
+        if field.name not in ("device", "backend"):
+            assert ours[field.name] == field.default, field.name
+
+
+def test_model_kinds_mirror_the_loader():
+    from distributed_spec.models import MODEL_KINDS as LOADER_KINDS
+
+    assert MODEL_KINDS == LOADER_KINDS
+
+
+def _cli(args: list[str], **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed_spec.generate", *args],
+        cwd=kwargs.pop("cwd", REPO),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
+
+
+def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
+    process = _cli(["verifier.gamma=0", "parallel.device=cpu", f"hydra.run.dir={tmp_path}"])
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2, output
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "verifier.gamma must be >= 1" in errors[0]
+    assert "Traceback" not in output
+
+
+def test_cli_unknown_model_lists_the_options(tmp_path):
+    process = _cli(["model=gpt5", f"hydra.run.dir={tmp_path}"])
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "Could not find 'model/gpt5'" in output and "smollm2" in output and "llama3_70b_1b" in output
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+def _tiny_args(tiny_pair, input_path, *extra: str) -> list[str]:
+    target_dir, draft_dir = tiny_pair
+    return [
+        "model.name=tiny",
+        f"model.target.source={target_dir}",
+        "model.target.kind=dir",
+        f"model.draft.source={draft_dir}",
+        "model.draft.kind=dir",
+        f"data.input_path={input_path}",
+        "parallel.device=cpu",
+        "tracking=disabled",
+        *extra,
+    ]
+
+
+def _write_prompts(path: Path, num_records: int) -> None:
+    words = ["alpha", "beta", "gamma", "delta", "echo", "fox", "golf", "hotel"]
+    with open(path, "w") as file:
+        for index in range(num_records):
+            file.write(
+                json.dumps({"id": f"r{index:03d}", "prompt": f"{words[index % 8]} {index} says"}) + "\n"
+            )
+            if index == 5:
+                file.write('{"id": "broken", "prompt": \n')
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_path):
+    num_records = 24
+    input_path = tmp_path / "prompts.jsonl"
+    _write_prompts(input_path, num_records)
+    out = tmp_path / "out"
+    args = _tiny_args(
+        tiny_pair,
+        input_path,
+        f"data.output_dir={out}",
+        "data.batch_size=2",
+        "data.fsync_every=1",
+        "sampling.max_new_tokens=24",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    )
+    process = _cli(args)
+    completions = out / "completions.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if completions.exists() and completions.read_bytes().count(b"\n") >= 4:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    num_before = completions.read_bytes().count(b"\n")
+    assert 4 <= num_before < num_records
+    # A SIGKILL can land mid-write: leave a torn line as it would.
+    with open(completions, "ab") as file:
+        file.write(b'{"id": "r999", "prompt": "torn')
+
+    rerun = _cli(args)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output
+    records = _read_jsonl(completions)
+    ids = [record["id"] for record in records]
+    assert len(ids) == len(set(ids)) == num_records
+    assert set(ids) == {f"r{index:03d}" for index in range(num_records)}
+    assert all(
+        record["completion_ids"] and record["finish_reason"] in ("eos", "stop", "length")
+        for record in records
+    )
+    errors = _read_jsonl(out / "errors.jsonl")
+    assert len(errors) == 1 and errors[0]["line"] == 7 and errors[0]["reason"].startswith("malformed JSON")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["records_total"] == num_records and summary["records_skipped"] == num_before
+    assert summary["errors_total"] == 1
+    assert 1.0 <= summary["block_efficiency"] <= 5.0
+
+
+def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):
+    input_path = tmp_path / "prompts.jsonl"
+    _write_prompts(input_path, 3)
+    sweep_dir = tmp_path / "sweep"
+    args = _tiny_args(
+        tiny_pair,
+        input_path,
+        "sampling.max_new_tokens=8",
+        "tracking.progress=false",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    process = _cli(["--multirun", *args, "verifier=block,token", "verifier.gamma=2,3"])
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    run_dirs = sorted(path.parent for path in sweep_dir.glob("*/completions.jsonl"))
+    # Directory names are the overrides minus paths and settings that do not change completions.
+    assert [",".join(path.name.split(",")[-2:]) for path in run_dirs] == [
+        "verifier.gamma=2,verifier=block",
+        "verifier.gamma=2,verifier=token",
+        "verifier.gamma=3,verifier=block",
+        "verifier.gamma=3,verifier=token",
+    ]
+    assert run_dirs[0].name.startswith("model.draft.kind=dir,model.name=tiny,")
+    for run_dir in run_dirs:
+        assert len(_read_jsonl(run_dir / "completions.jsonl")) == 3
+        meta = json.loads((run_dir / "run_meta.json").read_text())
+        assert f"verifier.gamma={meta['verifier']['gamma']}" in run_dir.name
+        assert f"verifier={meta['verifier']['method']}" in run_dir.name
