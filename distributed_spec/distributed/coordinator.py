@@ -44,6 +44,7 @@ from distributed_spec.distributed.group import ModelFactory, RuntimeActors, laun
 from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
+from distributed_spec.engine.speculative import append_tokens
 from distributed_spec.verify import draw_uniforms
 
 logger = logging.getLogger(__name__)
@@ -444,40 +445,3 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSe
         dtype=runtime.wire_dtype, top_k=runtime.wire_top_k, send_probs=config.method != "greedy"
     )
     return DecodeSettings(method=config.method, sampling=config.sampling, wire=wire)
-
-
-def append_tokens(
-    output: list[int], new_tokens: list[int], budget: int, config: EngineConfig, tokenizer
-) -> str | None:
-    """Append one iteration's tokens to a row's output; return its finish reason, or None.
-
-    Same rule as SpeculativeEngine._append: stop at EOS (kept), at the budget, or at a stop string
-    (the output is cut right after it).
-    """
-    start = len(output)
-    reason = None
-    for token_id in new_tokens:
-        output.append(token_id)
-        if token_id in config.eos_token_ids:
-            reason = "eos"
-            break
-        if len(output) >= budget:
-            reason = "length"
-            break
-    if config.stop_strings:
-        num_kept = _stop_string_cut(output, start, tokenizer, config.stop_strings)
-        if num_kept is not None:
-            del output[num_kept:]
-            return "stop"
-    return reason
-
-
-def _stop_string_cut(output: list[int], start: int, tokenizer, stop_strings: tuple[str, ...]) -> int | None:
-    """The shortest prefix length > start whose text contains a stop string, or None if none does."""
-    if not any(stop in tokenizer.decode(output) for stop in stop_strings):
-        return None
-    for num_kept in range(start + 1, len(output) + 1):
-        text = tokenizer.decode(output[:num_kept])
-        if any(stop in text for stop in stop_strings):
-            return num_kept
-    return len(output)

@@ -24,7 +24,7 @@ import torch
 from distributed_spec.distributed.messages import DecodeSettings, StepResult
 from distributed_spec.distributed.wire import DraftBlock, WireFormat, sample_view
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.engine.steps import commit_draft
+from distributed_spec.engine.steps import commit_draft, propose
 from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
 
 
@@ -45,18 +45,17 @@ def propose_on_wire(
     Returns:
         draft_ids [B, g] long, probs values [B, g, V or k] (wire dtype), probs ids [B, g, k] or None.
     """
-    logits = draft.forward_tokens(draft_input_ids, draft_input_mask)[:, -1]  # [B, V]
-    draft_ids, values, ids = [], [], []
-    for i in range(gamma):
-        sampled_probs, step_values, step_ids = sample_view(logits_to_probs(logits, params), wire)
-        token_ids = sample_from_probs(sampled_probs, draft_uniforms[:, i].to(sampled_probs.device))  # [B]
-        draft_ids.append(token_ids)
+    values, ids = [], []
+
+    def to_sampled(probs: torch.Tensor) -> torch.Tensor:
+        sampled_probs, step_values, step_ids = sample_view(probs, wire)
         values.append(step_values)
         ids.append(step_ids)
-        if i < gamma - 1:
-            logits = draft.forward_tokens(token_ids[:, None])[:, 0]
+        return sampled_probs
+
+    draft_ids, _ = propose(draft, draft_input_ids, draft_input_mask, gamma, params, draft_uniforms, to_sampled)
     stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
-    return torch.stack(draft_ids, dim=1), torch.stack(values, dim=1), stacked_ids
+    return draft_ids, torch.stack(values, dim=1), stacked_ids
 
 
 @dataclass

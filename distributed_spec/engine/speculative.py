@@ -323,8 +323,8 @@ class SpeculativeEngine:
             batch.row_stats[row].num_iterations += 1
             batch.row_stats[row].num_accepted += tau
             emitted = step.draft_ids[index][:tau] + [step.next_tokens[index]]
-            batch.finish_reasons[row] = self._append(
-                batch.outputs[row], emitted, batch.budgets[row], tokenizer
+            batch.finish_reasons[row] = append_tokens(
+                batch.outputs[row], emitted, batch.budgets[row], self.config, tokenizer
             )
             if batch.finish_reasons[row] is None:
                 keep.append(index)
@@ -341,24 +341,31 @@ class SpeculativeEngine:
         batch.draft_input_mask = batch.draft_input_mask[keep_index]
         batch.rows = [batch.rows[index] for index in keep]
 
-    def _append(self, output: list[int], new_tokens: list[int], budget: int, tokenizer) -> str | None:
-        """Append this iteration's tokens to a row's output; return its finish reason, or None."""
-        start = len(output)
-        reason = None
-        for token_id in new_tokens:
-            output.append(token_id)
-            if token_id in self.config.eos_token_ids:
-                reason = "eos"
-                break
-            if len(output) >= budget:
-                reason = "length"
-                break
-        if self.config.stop_strings:
-            num_kept = _stop_string_cut(output, start, tokenizer, self.config.stop_strings)
-            if num_kept is not None:
-                del output[num_kept:]
-                return "stop"
-        return reason
+
+def append_tokens(
+    output: list[int], new_tokens: list[int], budget: int, config: EngineConfig, tokenizer
+) -> str | None:
+    """Append one iteration's tokens to a row's output; return its finish reason, or None.
+
+    Stops at EOS (kept as the last token), at the budget, or at a stop string (the output is cut
+    right after it). The Ray coordinator finishes rows with this same function.
+    """
+    start = len(output)
+    reason = None
+    for token_id in new_tokens:
+        output.append(token_id)
+        if token_id in config.eos_token_ids:
+            reason = "eos"
+            break
+        if len(output) >= budget:
+            reason = "length"
+            break
+    if config.stop_strings:
+        num_kept = _stop_string_cut(output, start, tokenizer, config.stop_strings)
+        if num_kept is not None:
+            del output[num_kept:]
+            return "stop"
+    return reason
 
 
 def _stop_string_cut(output: list[int], start: int, tokenizer, stop_strings: tuple[str, ...]) -> int | None:

@@ -20,6 +20,8 @@ One iteration (g draft tokens, n[b] <= g of them verified in row b):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from distributed_spec.engine.runner import ModelRunner
@@ -33,6 +35,7 @@ def propose(
     gamma: int,
     params: SamplingParams,
     draft_uniforms: torch.Tensor,
+    to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft proposes g tokens autoregressively.
 
@@ -40,13 +43,18 @@ def propose(
         draft_input_ids: [B, k] pending tokens (already kept), last column = Y.
         draft_input_mask: [B, k] 1 for real tokens (left padding).
         draft_uniforms: [B, g] float64 in [0, 1), one per sampled draft token.
+        to_sampled: maps each step's q_i [B, V] to the distribution actually sampled and verified
+            (e.g. q rounded to the precision it is sent in, so verification stays exact); identity
+            when None.
     Returns:
-        draft_ids [B, g] long, draft_probs [B, g, V] float32 (q_i, warped).
+        draft_ids [B, g] long, draft_probs [B, g, V] float32 (q_i, warped, after to_sampled).
     """
     logits = draft.forward_tokens(draft_input_ids, draft_input_mask, num_logits=1)[:, -1]  # [B, V]
     draft_ids, draft_probs = [], []
     for i in range(gamma):
         probs = logits_to_probs(logits, params)  # [B, V]
+        if to_sampled is not None:
+            probs = to_sampled(probs)
         token_ids = sample_from_probs(probs, draft_uniforms[:, i].to(probs.device))  # [B]
         draft_ids.append(token_ids)
         draft_probs.append(probs)

@@ -6,24 +6,28 @@ from dataclasses import replace
 import pytest
 
 from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
-from distributed_spec.distributed.coordinator import append_tokens, decode_settings
+from distributed_spec.distributed.coordinator import decode_settings
 from distributed_spec.distributed.factories import TinyLlamaFactory
-from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine import EngineConfig
+from distributed_spec.engine.speculative import append_tokens
 
 CONFIG = EngineConfig(method="block", gamma=4, max_new_tokens=6, eos_token_ids=(1,))
 
 
 @pytest.mark.parametrize(
-    ("output", "new_tokens", "budget"),
-    [([], [5, 6, 7], 6), ([4, 4], [5, 1, 7], 6), ([4, 4, 4, 4], [5, 6, 7], 6), ([], [1], 6)],
+    ("output", "new_tokens", "budget", "expected_output", "expected_reason"),
+    [
+        ([], [5, 6, 7], 6, [5, 6, 7], None),
+        ([4, 4], [5, 1, 7], 6, [4, 4, 5, 1], "eos"),
+        ([4, 4, 4, 4], [5, 6, 7], 6, [4, 4, 4, 4, 5, 6], "length"),
+        ([], [1], 6, [1], "eos"),
+    ],
 )
-def test_rows_finish_like_the_engine(output, new_tokens, budget):
-    engine = SpeculativeEngine(TinyLlamaFactory()(), TinyLlamaFactory(seed=1)(), CONFIG)
-    expected_output = list(output)
-    expected_reason = engine._append(expected_output, new_tokens, budget, None)
-    actual_output = list(output)
-    assert append_tokens(actual_output, new_tokens, budget, CONFIG, None) == expected_reason
-    assert actual_output == expected_output
+def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_output, expected_reason):
+    """The coordinator finishes rows with the engine's append_tokens: EOS kept, nothing past it."""
+    output = list(output)
+    assert append_tokens(output, new_tokens, budget, CONFIG, None) == expected_reason
+    assert output == expected_output
 
 
 def test_greedy_verification_sends_no_probabilities():
