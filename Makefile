@@ -24,8 +24,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+ARGS ?=
+
 demo: install
-	$(PY) -m distributed_spec.generate
+	$(PY) -m distributed_spec.generate parallel=ray parallel.tp_size=2 $(ARGS)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -1,0 +1,535 @@
+"""Distil a small draft model for a target that shares its tokenizer, from text the target generates.
+
+    python -m scripts.distill_draft --target smollm2 --out-dir distributed_spec/assets/drafts/smollm2-draft
+    python -m scripts.distill_draft --target smollm2 --out-dir distributed_spec/assets/drafts/smollm2-draft --eval-only
+
+Stages (--stages), working in --work-dir (default ~/.cache/distributed_spec/distill/<out-dir name>):
+1. generate: the target continues every seed prompt (scripts/distill_prompts.txt) at temperature 1,
+   batched; per position we keep the target's top-k probabilities p and the rest mass, one shard
+   per batch (existing shards are skipped; --seed/--shard-prefix add another round of samples).
+   Every 8th prompt is held out for evaluation.
+2. train: the draft (distributed_spec.models.distilled: a few Llama layers on the target's frozen
+   embeddings and LM head, optionally a sub-vocabulary head of the K tokens with most target mass)
+   minimises forward KL(p || q) over the buckets {top-k tokens it can score} + {everything else}.
+   Checkpoints every --save-every steps; --resume continues from the last one.
+3. export: bf16 weights + draft_config.json into --out-dir (what load_distilled_draft reads).
+4. eval: token-level acceptance, mean over held-out positions of sum_x min(p(x), q(x)) with the
+   full p and q at temperature 1, and the per-token cost of draft vs target at batch 1.
+   --eval-only runs just this stage (generating the held-out samples first when no shards exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from distributed_spec.models.distilled import (
+    DISTILLED_SMOLLM2_DRAFT_DIR,
+    build_draft,
+    draft_llama_config,
+    load_distilled_draft,
+    save_distilled_draft,
+    trainable_state_dict,
+)
+from distributed_spec.models.fetch import cache_dir, smollm2_gguf_path
+
+logger = logging.getLogger("distill_draft")
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "distill_prompts.txt"
+EVAL_EVERY = 8
+
+
+# ----------------------------------------------------------------------------- target and prompts
+
+
+def load_target(target: str):
+    """(model, tokenizer) in fp32 eval mode; "smollm2" is the embedded GGUF target, else a dir or hub id."""
+    if target == "smollm2":
+        path = smollm2_gguf_path()
+        kwargs = {"gguf_file": path.name}
+        target = str(path.parent)
+    else:
+        kwargs = {}
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, **kwargs).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
+    return model, tokenizer
+
+
+def read_prompts(path: Path) -> list[tuple[str, str]]:
+    """[(kind, text)] from lines "<chat|raw>\\t<text>"; '#' lines are comments, "\\n" is a newline."""
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        kind, text = line.split("\t", 1)
+        if kind not in ("chat", "raw"):
+            raise ValueError(f"{path}: prompt kind must be 'chat' or 'raw', got {kind!r}")
+        prompts.append((kind, text.replace("\\n", "\n")))
+    return prompts
+
+
+def encode_prompt(tokenizer, kind: str, text: str) -> list[int]:
+    """Token ids of one prompt: chat prompts go through the chat template when the tokenizer has one."""
+    if kind == "chat" and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return tokenizer(text)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- stage 1: generate
+
+
+def _cache_kwargs(outputs) -> dict:
+    """The KV cache of a forward's outputs as the kwarg the next forward takes (`cache` in transformers 5)."""
+    name = "cache" if "cache" in outputs else "past_key_values"
+    return {name: outputs[name]}
+
+
+def _top_k_record(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [N, V] -> top-k ids [N, k] int32, their probs [N, k] fp16, rest mass [N] fp32."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_probs, top_ids = probs.topk(k, dim=-1)
+    rest = (1.0 - top_probs.sum(-1)).clamp(min=0.0)
+    return top_ids.to(torch.int32), top_probs.to(torch.float16), rest
+
+
+@torch.inference_mode()
+def generate_with_target_probs(
+    model, prompt_ids: list[list[int]], max_new_tokens: int, eos_token_id: int, pad_token_id: int,
+    top_k: int, generator: torch.Generator,
+) -> list[dict]:
+    """Sample continuations at temperature 1 and keep the target's p at every position.
+
+    Returns one record per prompt: input_ids [L] int32 (prompt + generated, up to and including EOS),
+    topk_ids [L-1, k] int32 / topk_probs [L-1, k] fp16 / rest [L-1] fp32 (row t: p of token t+1),
+    num_prompt_tokens.
+    """
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    batch_size, max_len = len(prompt_ids), max(len(p) for p in prompt_ids)
+    input_ids = torch.full((batch_size, max_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(batch_size, max_len, dtype=torch.long)
+    for b, ids in enumerate(prompt_ids):  # left padding: every row's next token is at column max_len
+        input_ids[b, max_len - len(ids):] = torch.tensor(ids)
+        attention_mask[b, max_len - len(ids):] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    records = []
+    for b, ids in enumerate(prompt_ids):  # head row by row: [max_len, V] at a time keeps memory small
+        top_ids, top_probs, rest = _top_k_record(head(outputs.last_hidden_state[b, max_len - len(ids):]), top_k)
+        records.append({"prompt": ids, "generated": [], "topk_ids": [top_ids], "topk_probs": [top_probs], "rest": [rest]})
+    next_logits = head(outputs.last_hidden_state[:, -1])  # [B, V]
+    cache = _cache_kwargs(outputs)
+    finished = torch.zeros(batch_size, dtype=torch.bool)
+    for step in range(max_new_tokens):
+        tokens = torch.multinomial(torch.softmax(next_logits.float(), -1), 1, generator=generator)[:, 0]
+        # .tolist(): host-side bookkeeping of which rows are still generating.
+        for b, token in enumerate(tokens.tolist()):
+            if not finished[b]:
+                records[b]["generated"].append(token)
+        finished |= tokens == eos_token_id
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones(batch_size, 1, dtype=torch.long)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+        outputs = decoder(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, **cache)
+        cache = _cache_kwargs(outputs)
+        next_logits = head(outputs.last_hidden_state[:, -1])
+        top_ids, top_probs, rest = _top_k_record(next_logits, top_k)
+        for b in range(batch_size):
+            if not finished[b]:
+                records[b]["topk_ids"].append(top_ids[b:b + 1])
+                records[b]["topk_probs"].append(top_probs[b:b + 1])
+                records[b]["rest"].append(rest[b:b + 1])
+    out = []
+    for record in records:
+        input_ids = torch.tensor(record["prompt"] + record["generated"], dtype=torch.int32)
+        num_rows = len(input_ids) - 1  # the last token has no successor to predict
+        out.append({
+            "input_ids": input_ids,
+            "topk_ids": torch.cat(record["topk_ids"])[:num_rows],
+            "topk_probs": torch.cat(record["topk_probs"])[:num_rows],
+            "rest": torch.cat(record["rest"])[:num_rows],
+            "num_prompt_tokens": len(record["prompt"]),
+        })
+    return out
+
+
+def run_generate(args, model, tokenizer, only_eval: bool = False) -> None:
+    """Stage 1: one shard per batch of (prompt, sample) jobs under work_dir/data; existing shards are kept.
+
+    only_eval: generate just the held-out prompts' samples (into eval_shard_*.pt), for --eval-only
+    on a machine that has no shards yet.
+    """
+    prompts = read_prompts(Path(args.prompts))
+    jobs = []  # (prompt index, split, sample index)
+    for i, _ in enumerate(prompts):
+        split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
+        if only_eval and split == "train":
+            continue
+        num_samples = args.eval_samples_per_prompt if split == "eval" else args.samples_per_prompt
+        jobs += [(i, split, s) for s in range(num_samples)]
+    encoded = [encode_prompt(tokenizer, kind, text) for kind, text in prompts]
+    jobs.sort(key=lambda job: (len(encoded[job[0]]), job))  # similar lengths together: less padding
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    data_dir = Path(args.work_dir) / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    prefix = "eval_shard" if only_eval else f"{args.shard_prefix}shard"
+    batches = [jobs[i:i + args.gen_batch_size] for i in range(0, len(jobs), args.gen_batch_size)]
+    progress = tqdm(batches, desc="generate", unit="batch")
+    for shard, batch in enumerate(progress):
+        path = data_dir / f"{prefix}_{shard:05d}.pt"
+        if path.exists():
+            continue
+        generator = torch.Generator().manual_seed(args.seed * 100_003 + shard + (50_000 if only_eval else 0))
+        records = generate_with_target_probs(
+            model, [encoded[i] for i, _, _ in batch], args.max_new_tokens, eos, pad, args.store_top_k, generator
+        )
+        for record, (i, split, s) in zip(records, batch):
+            record.update(prompt_index=i, split=split, sample_index=s)
+        torch.save(records, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)  # a shard appears only once complete
+        progress.set_postfix(tokens=sum(len(r["input_ids"]) for r in records))
+
+
+def _shard_paths(work_dir: str) -> list[Path]:
+    return sorted((Path(work_dir) / "data").glob("*shard_*.pt"))
+
+
+def load_records(work_dir: str, split: str) -> list[dict]:
+    """All generated records of one split ("train" or "eval"), in shard order."""
+    shards = _shard_paths(work_dir)
+    if not shards:
+        raise FileNotFoundError(f"no shards under {work_dir}/data: run the generate stage first (--stages generate)")
+    return [r for path in shards for r in torch.load(path, weights_only=True) if r["split"] == split]
+
+
+
+# ----------------------------------------------------------------------------- stage 2: train
+
+
+def choose_sub_vocab(records: list[dict], vocab_size: int, size: int) -> torch.Tensor | None:
+    """The `size` token ids with the most target probability mass over the records ([K] long, sorted), or None."""
+    if size <= 0 or size >= vocab_size:
+        return None
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for r in records:
+        mass.index_add_(0, r["topk_ids"].flatten().long(), r["topk_probs"].flatten().double())
+    return mass.topk(size).indices.sort().values
+
+
+def init_from_target(draft, target_model, layer_spec: str) -> None:
+    """Copy target decoder layers into the draft's (MLP neurons pruned to the draft's width) and its final norm.
+
+    layer_spec: "none", or one target layer index per draft layer ("first"/"last" allowed), e.g. "first,last".
+    Pruning keeps the intermediate neurons j with the largest |gate_j| * |up_j| * |down_:,j|.
+    """
+    if layer_spec == "none":
+        return
+    target_layers = target_model.get_decoder().layers
+    names = [name.strip() for name in layer_spec.split(",")]
+    if len(names) != len(draft.model.layers):
+        raise ValueError(f"--init-layers names {len(names)} layers but the draft has {len(draft.model.layers)}: "
+                         "give one target layer per draft layer, or 'none'")
+    index = {"first": 0, "last": len(target_layers) - 1}
+    with torch.no_grad():
+        for draft_layer, name in zip(draft.model.layers, names):
+            source = target_layers[index[name] if name in index else int(name)].state_dict()
+            own = draft_layer.state_dict()
+            gate, up, down = (source[f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            width = own["mlp.gate_proj.weight"].shape[0]
+            keep = (gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)).topk(width).indices.sort().values
+            source.update({"mlp.gate_proj.weight": gate[keep], "mlp.up_proj.weight": up[keep],
+                           "mlp.down_proj.weight": down[:, keep]})
+            draft_layer.load_state_dict({name: source[name] for name in own})
+        draft.model.norm.load_state_dict(target_model.get_decoder().norm.state_dict())
+
+
+def make_batch(records: list[dict], vocab_to_sub: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids [B, T], attention_mask [B, T], and per predicted position n (flattened,
+    row-major over the valid (b, t<L_b-1)): sub_ids [n, k] (index into the sub-vocabulary, K = not in it),
+    top_probs [n, k], rest [n], generated [n] (True where the next token was generated, not prompt)."""
+    lengths = [len(r["input_ids"]) for r in records]
+    input_ids = torch.zeros(len(records), max(lengths), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for b, r in enumerate(records):
+        input_ids[b, :lengths[b]] = r["input_ids"].long()
+        attention_mask[b, :lengths[b]] = 1
+    valid = torch.zeros_like(input_ids, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        valid[b, :length - 1] = True
+    cat = lambda key: torch.cat([r[key] for r in records])  # noqa: E731
+    generated = torch.cat([torch.arange(len(r["rest"])) >= r["num_prompt_tokens"] - 1 for r in records])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "valid": valid,
+            "sub_ids": vocab_to_sub[cat("topk_ids").long()], "top_probs": cat("topk_probs").float(),
+            "rest": cat("rest").float(), "generated": generated}
+
+
+def bucket_kl_loss(sub_logits: torch.Tensor, sub_ids: torch.Tensor, top_probs: torch.Tensor,
+                   rest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward KL(p || q) over buckets {each top-k token the draft can score} + {all other tokens}.
+
+    sub_logits [n, K] draft logits over the sub-vocabulary; sub_ids [n, k] top-k tokens of p as
+    sub-vocabulary indices (K where outside it); top_probs [n, k]; rest [n] p mass outside the top-k.
+    Coarse-graining only merges tokens, so this KL is a lower bound of the full one and equals it
+    when the top-k hold all of p's mass. Returns (mean cross-entropy: the loss, mean KL: to report).
+    """
+    num_sub = sub_logits.shape[-1]
+    log_q = torch.log_softmax(sub_logits.float(), dim=-1)
+    log_q = torch.cat([log_q, log_q.new_full((log_q.shape[0], 1), float("-inf"))], dim=-1)  # [n, K+1]
+    scorable = sub_ids < num_sub
+    p_top = torch.where(scorable, top_probs, 0.0)
+    log_q_top = log_q.gather(-1, sub_ids).clamp(min=-100.0)
+    p_other = rest + (top_probs - p_top).sum(-1)
+    log_q_other = torch.logsumexp(log_q.scatter(-1, sub_ids, float("-inf")), dim=-1).clamp(min=-100.0)
+    cross_entropy = -(p_top * log_q_top).sum(-1) - p_other * log_q_other
+    entropy = -(torch.xlogy(p_top, p_top)).sum(-1) - torch.xlogy(p_other, p_other)
+    return cross_entropy.mean(), (cross_entropy - entropy).mean().detach()
+
+
+def draft_sub_logits(draft, input_ids: torch.Tensor, attention_mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Draft logits over its own output set at the valid positions: [n, K] (K = V for a full-vocabulary head)."""
+    hidden = draft.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    return draft.lm_head(hidden[valid])
+
+
+def _vocab_to_sub(draft) -> torch.Tensor:
+    """[V] long: token id -> index in the draft's output set, K (one past the end) for tokens outside it."""
+    vocab_size = draft.config.vocab_size
+    sub_vocab_ids = getattr(draft, "sub_vocab_ids", None)
+    if sub_vocab_ids is None:
+        return torch.arange(vocab_size)
+    table = torch.full((vocab_size,), len(sub_vocab_ids), dtype=torch.long)
+    table[sub_vocab_ids.cpu()] = torch.arange(len(sub_vocab_ids))
+    return table
+
+
+def lr_at(step: int, args) -> float:
+    """Linear warmup, then cosine decay to 10% of --lr at --steps."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    progress = min(1.0, (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps))
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def run_train(args, target_model):
+    """Stage 2: train the draft; checkpoints work_dir/train_state.pt every --save-every steps."""
+    records = load_records(args.work_dir, "train")
+    state_path = Path(args.work_dir) / "train_state.pt"
+    state = torch.load(state_path, weights_only=True) if args.resume and state_path.exists() else None
+    if state is not None and not args.refresh_sub_vocab:
+        sub_vocab_ids = state["sub_vocab_ids"]
+    else:
+        sub_vocab_ids = choose_sub_vocab(records, target_model.config.vocab_size, args.sub_vocab_size)
+    config = draft_llama_config(target_model.config, args.num_layers, args.intermediate_size)
+    draft = build_draft(target_model, config, sub_vocab_ids)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    start = 0
+    if state is not None:
+        draft.load_state_dict(state["draft"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        if args.refresh_sub_vocab:
+            logger.info("sub-vocabulary chosen again from %d sequences", len(records))
+        start = state["step"]
+        logger.info("resumed from %s at step %d", state_path, start)
+    else:
+        init_from_target(draft, target_model, args.init_layers)
+    vocab_to_sub = _vocab_to_sub(draft)
+    logger.info("draft: %d trainable parameters, output set %d tokens, %d training sequences",
+                sum(p.numel() for p in params), int(vocab_to_sub.max()) if sub_vocab_ids is not None
+                else config.vocab_size, len(records))
+    draft.train()
+    progress = tqdm(range(start, args.steps), desc="train", unit="step", initial=start, total=args.steps)
+    for step in progress:
+        if args.reload_data_every and step > start and step % args.reload_data_every == 0:
+            records = load_records(args.work_dir, "train")
+        # The batch depends only on (seed, step) and the shards present: a resumed run sees the same data.
+        order = torch.randperm(len(records), generator=torch.Generator().manual_seed(args.seed * 7919 + step))
+        batch = make_batch([records[i] for i in order[:args.batch_size].tolist()], vocab_to_sub)
+        sub_logits = draft_sub_logits(draft, batch["input_ids"], batch["attention_mask"], batch["valid"])
+        loss, kl = bucket_kl_loss(sub_logits, batch["sub_ids"], batch["top_probs"], batch["rest"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        # .item(): the progress bar shows the loss; one sync per step is negligible next to the step itself.
+        progress.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}")
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_train_state(state_path, draft, optimizer, step + 1)
+    return draft.eval()
+
+
+def save_train_state(path: Path, draft, optimizer, step: int) -> None:
+    """Atomically write the trainable weights, optimizer state and step."""
+    state = {"draft": trainable_state_dict(draft), "optimizer": optimizer.state_dict(), "step": step,
+             "sub_vocab_ids": getattr(draft, "sub_vocab_ids", None)}
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
+def restore_draft(args, target_model):
+    """The draft in work_dir/train_state.pt (for --stages export without train)."""
+    state = torch.load(Path(args.work_dir) / "train_state.pt", weights_only=True)
+    config = draft_llama_config(target_model.config, args.num_layers, args.intermediate_size)
+    draft = build_draft(target_model, config, state["sub_vocab_ids"])
+    draft.load_state_dict(state["draft"], strict=False)
+    return draft.eval()
+
+
+# ----------------------------------------------------------------------------- stage 4: eval
+
+
+@torch.inference_mode()
+def acceptance_stats(target_model, draft, records: list[dict], batch_size: int) -> dict:
+    """Token-level acceptance sum_x min(p(x), q(x)) at temperature 1, full p and q, averaged over positions.
+
+    Returns acceptance over generated positions (the next token was sampled by the target), over all
+    positions (prompt included), and the mean p mass the draft can propose at all (its output set).
+    """
+    sums = {"generated": 0.0, "all": 0.0, "coverage": 0.0}
+    counts = {"generated": 0, "all": 0}
+    for start in range(0, len(records), batch_size):
+        chunk = records[start:start + batch_size]
+        batch = make_batch(chunk, torch.zeros(target_model.config.vocab_size, dtype=torch.long))
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
+        target_probs = torch.softmax(target_model(**kwargs).logits[batch["valid"]].float(), -1)  # [n, V]
+        draft_probs = torch.softmax(draft(**kwargs).logits[batch["valid"]].float(), -1)  # [n, V]
+        overlap = torch.minimum(target_probs, draft_probs).sum(-1)  # [n]
+        covered = torch.where(draft_probs > 0, target_probs, 0.0).sum(-1)
+        # .item(): scalar sums leave the tensors here; eval is not a hot loop.
+        sums["generated"] += overlap[batch["generated"]].sum().item()
+        sums["all"] += overlap.sum().item()
+        sums["coverage"] += covered.sum().item()
+        counts["generated"] += int(batch["generated"].sum())
+        counts["all"] += overlap.numel()
+    return {"acceptance_generated": sums["generated"] / max(1, counts["generated"]),
+            "acceptance_all": sums["all"] / max(1, counts["all"]),
+            "output_set_coverage": sums["coverage"] / max(1, counts["all"]),
+            "num_generated_positions": counts["generated"], "num_positions": counts["all"]}
+
+
+@torch.inference_mode()
+def decode_ms_per_token(model, prompt_ids: torch.Tensor, num_tokens: int) -> float:
+    """Milliseconds per greedy batch-1 decode step with the KV cache (prompt_ids [1, L])."""
+    outputs = model(input_ids=prompt_ids, use_cache=True)
+    token = outputs.logits[:, -1:].argmax(-1)
+    elapsed = 0.0
+    for step in range(num_tokens + 2):
+        begin = time.perf_counter()
+        outputs = model(input_ids=token, use_cache=True, **_cache_kwargs(outputs))
+        token = outputs.logits[:, -1:].argmax(-1)
+        if step >= 2:  # the first steps warm allocator and kernels
+            elapsed += time.perf_counter() - begin
+    return 1000 * elapsed / num_tokens
+
+
+def run_eval(args, target_model) -> dict:
+    """Stage 4: acceptance of the exported draft in --out-dir on held-out prompts, and batch-1 costs."""
+    draft = load_distilled_draft(args.out_dir, target_model)
+    metrics = acceptance_stats(target_model, draft, load_records(args.work_dir, "eval"), args.eval_batch_size)
+    if args.bench_tokens > 0:
+        prompt = load_records(args.work_dir, "eval")[0]["input_ids"][None].long()
+        metrics["target_ms_per_token"] = decode_ms_per_token(target_model, prompt, args.bench_tokens)
+        metrics["draft_ms_per_token"] = decode_ms_per_token(draft, prompt, args.bench_tokens)
+        metrics["draft_cost_ratio"] = metrics["draft_ms_per_token"] / metrics["target_ms_per_token"]
+    return metrics
+
+
+# ----------------------------------------------------------------------------- entry point
+
+STAGES = ("generate", "train", "export", "eval")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2", help='"smollm2" (embedded GGUF), a local model dir or hub id')
+    parser.add_argument("--out-dir", default=str(DISTILLED_SMOLLM2_DRAFT_DIR), help="exported draft checkpoint")
+    parser.add_argument("--work-dir", default=None, help="shards and training state (default: cache/distill/<out-dir name>)")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
+    parser.add_argument("--eval-only", action="store_true", help="only the eval stage: print the acceptance of --out-dir")
+    parser.add_argument("--resume", action="store_true", help="continue training from work-dir/train_state.pt")
+    parser.add_argument("--refresh-sub-vocab", action="store_true",
+                        help="on --resume, choose the sub-vocabulary again from all shards (the head is frozen target rows)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    # generate
+    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
+    parser.add_argument("--samples-per-prompt", type=int, default=3)
+    parser.add_argument("--eval-samples-per-prompt", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gen-batch-size", type=int, default=32)
+    parser.add_argument("--store-top-k", type=int, default=64, help="target probabilities kept per position")
+    parser.add_argument("--shard-prefix", default="",
+                        help="name prefix of new shards, to add a round of samples (with another --seed) to the data")
+    # draft architecture
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=768)
+    parser.add_argument("--sub-vocab-size", type=int, default=8192, help="K tokens the draft scores; 0: all V")
+    parser.add_argument("--init-layers", default="first,last",
+                        help='target layers that initialise the draft layers ("first,last", "0,29", or "none")')
+    # train
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--save-every", type=int, default=100, help="training checkpoint interval (steps)")
+    parser.add_argument("--reload-data-every", type=int, default=0,
+                        help="re-read the shards every N steps, to train while generate runs in another process; 0: never")
+    # eval
+    parser.add_argument("--eval-batch-size", type=int, default=4)
+    parser.add_argument("--bench-tokens", type=int, default=32, help="batch-1 decode steps timed per model; 0: skip")
+    args = parser.parse_args(argv)
+    args.stages = ["eval"] if args.eval_only else [s for s in args.stages.split(",") if s]
+    unknown = set(args.stages) - set(STAGES)
+    if unknown:
+        parser.error(f"--stages: unknown {sorted(unknown)}; choose from {STAGES}")
+    if args.work_dir is None:
+        args.work_dir = str(cache_dir() / "distill" / Path(args.out_dir).name)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the requested stages; returns the eval metrics (empty when eval is not run)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    # Denormal floats in the dequantised GGUF weights' activations make CPU matmuls several times slower.
+    torch.set_flush_denormal(True)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_target(args.target)
+    metrics = {}
+    if "generate" in args.stages:
+        run_generate(args, model, tokenizer)
+    if "train" in args.stages:
+        draft = run_train(args, model)
+    if "export" in args.stages:
+        if "train" not in args.stages:
+            draft = restore_draft(args, model)
+        save_distilled_draft(draft, args.out_dir, extra_config={"made_by": " ".join(["python -m scripts.distill_draft", *(argv if argv is not None else sys.argv[1:])])})
+        logger.info("exported draft to %s", args.out_dir)
+    if "eval" in args.stages:
+        if not _shard_paths(args.work_dir):
+            logger.info("no shards under %s: generating the held-out samples first", args.work_dir)
+            run_generate(args, model, tokenizer, only_eval=True)
+        metrics = run_eval(args, model)
+        print(json.dumps(metrics, indent=2))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Distilled drafts: the distillation script end to end on a tiny random target, the loader, the bundled draft.
+
+    .venv/bin/python -m pytest tests/models/test_distilled.py -q
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from distributed_spec.models.distilled import (
+    DISTILLED_SMOLLM2_DRAFT_DIR,
+    build_draft,
+    draft_llama_config,
+    load_distilled_draft,
+    save_distilled_draft,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VOCAB_SIZE = 64
+CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,?!'"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("distill_draft", REPO_ROOT / "scripts" / "distill_draft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny_target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _save_tiny_target(path: Path) -> Path:
+    """A tiny random Llama and a character-level tokenizer (vocab 64) saved as a model dir."""
+    _tiny_target().save_pretrained(path)
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3}
+    vocab.update({c: 4 + i for i, c in enumerate(CHARS)})
+    vocab.update({f"[X{i}]": i for i in range(len(vocab), VOCAB_SIZE)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    ).save_pretrained(path)
+    return path
+
+
+def _assert_incremental_matches_full(draft, input_ids: torch.Tensor, num_incremental: int) -> None:
+    """Prefill all but the last tokens, then decode them one by one with the KV cache: same logits as a full pass."""
+    with torch.no_grad():
+        full_logits = draft(input_ids=input_ids, use_cache=False).logits
+        prefix = input_ids.shape[1] - num_incremental
+        outputs = draft(input_ids=input_ids[:, :prefix], use_cache=True)
+        step_logits = [outputs.logits]
+        cache_name = "cache" if "cache" in outputs else "past_key_values"
+        for t in range(prefix, input_ids.shape[1]):
+            outputs = draft(input_ids=input_ids[:, t:t + 1], use_cache=True, **{cache_name: outputs[cache_name]})
+            step_logits.append(outputs.logits)
+    torch.testing.assert_close(torch.cat(step_logits, dim=1), full_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_script_trains_resumes_exports_and_evaluates(tmp_path):
+    script = _load_script()
+    target_dir = _save_tiny_target(tmp_path / "target")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# tiny\n" + "".join(f"raw\tprompt number {i} says hello\n" for i in range(8)))
+    common = [
+        "--target", str(target_dir), "--out-dir", str(tmp_path / "draft"), "--work-dir", str(tmp_path / "work"),
+        "--prompts", str(prompts), "--samples-per-prompt", "2", "--eval-samples-per-prompt", "2",
+        "--max-new-tokens", "12", "--gen-batch-size", "5", "--store-top-k", "8",
+        "--num-layers", "2", "--intermediate-size", "16", "--sub-vocab-size", "40", "--init-layers", "first,last",
+        "--batch-size", "4", "--save-every", "2", "--bench-tokens", "2", "--lr", "3e-3", "--warmup-steps", "1",
+    ]
+    script.main([*common, "--steps", "4", "--stages", "generate,train"])
+    shards = sorted((tmp_path / "work" / "data").glob("shard_*.pt"))
+    assert len(shards) == 4  # 7 train prompts x 2 + 1 eval prompt x 2 = 16 jobs in batches of 5
+    records = [r for shard in shards for r in torch.load(shard, weights_only=True)]
+    assert sorted(r["split"] for r in records).count("eval") == 2
+    for r in records:
+        assert r["topk_ids"].shape == (len(r["input_ids"]) - 1, 8)
+        assert torch.all(r["topk_probs"].float().sum(-1) + r["rest"] <= 1.0 + 1e-2)
+    state = torch.load(tmp_path / "work" / "train_state.pt", weights_only=True)
+    assert state["step"] == 4 and state["sub_vocab_ids"].numel() == 40
+
+    metrics = script.main([*common, "--steps", "6", "--resume", "--stages", "train,export,eval"])
+    resumed = torch.load(tmp_path / "work" / "train_state.pt", weights_only=True)
+    assert resumed["step"] == 6
+    assert any(not torch.equal(resumed["draft"][k], state["draft"][k]) for k in state["draft"])
+    assert 0.0 < metrics["acceptance_generated"] <= 1.0
+    assert 0.0 < metrics["output_set_coverage"] <= 1.0 + 1e-6
+    assert metrics["draft_ms_per_token"] > 0
+    meta = json.loads((tmp_path / "draft" / "draft_config.json").read_text())
+    assert meta["sub_vocab_size"] == 40 and "--resume" in meta["made_by"]
+
+    target = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    draft = load_distilled_draft(tmp_path / "draft", target)
+    assert len(draft.model.layers) == 2
+    assert draft.model.embed_tokens.weight is target.get_input_embeddings().weight
+    input_ids = torch.randint(4, VOCAB_SIZE, (2, 9), generator=torch.Generator().manual_seed(1))
+    logits = draft(input_ids=input_ids).logits
+    assert logits.shape == (2, 9, VOCAB_SIZE)
+    assert torch.isinf(logits).sum(-1).eq(VOCAB_SIZE - 40).all()  # q = 0 outside the sub-vocabulary
+    _assert_incremental_matches_full(draft, input_ids, num_incremental=4)
+
+
+@pytest.mark.parametrize("sub_vocab_size", [0, 24])
+def test_save_load_roundtrip_and_kv_cache(tmp_path, sub_vocab_size):
+    target = _tiny_target()
+    config = draft_llama_config(target.config, num_hidden_layers=1, intermediate_size=16)
+    sub_vocab_ids = torch.arange(0, 2 * sub_vocab_size, 2) if sub_vocab_size else None
+    draft = build_draft(target, config, sub_vocab_ids)
+    save_distilled_draft(draft, tmp_path)
+    loaded = load_distilled_draft(tmp_path, target)
+    assert isinstance(loaded, LlamaForCausalLM)
+    for name, tensor in loaded.model.layers.state_dict().items():  # bf16 on disk
+        torch.testing.assert_close(tensor, draft.model.layers.state_dict()[name].bfloat16().float())
+    input_ids = torch.randint(0, VOCAB_SIZE, (3, 7), generator=torch.Generator().manual_seed(2))
+    assert loaded(input_ids=input_ids).logits.shape == (3, 7, VOCAB_SIZE)
+    _assert_incremental_matches_full(loaded, input_ids, num_incremental=3)
+
+
+def test_load_rejects_a_draft_made_for_another_target(tmp_path):
+    target = _tiny_target()
+    save_distilled_draft(build_draft(target, draft_llama_config(target.config, 1, 16)), tmp_path)
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB_SIZE * 2, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=4))
+    with pytest.raises(ValueError, match="choose the draft checkpoint"):
+        load_distilled_draft(tmp_path, other)
+
+
+def test_bundled_smollm2_draft_is_small_and_loads():
+    files = [f for f in DISTILLED_SMOLLM2_DRAFT_DIR.iterdir() if f.is_file()]
+    assert {"draft_config.json", "model.safetensors", "README.md"} <= {f.name for f in files}
+    assert sum(f.stat().st_size for f in files) < 10_000_000
+    from transformers import AutoModelForCausalLM
+
+    from distributed_spec.models.fetch import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    draft = load_distilled_draft(DISTILLED_SMOLLM2_DRAFT_DIR, target)
+    input_ids = torch.tensor([[1, 9690, 198, 2683, 314, 253]])
+    with torch.no_grad():
+        logits = draft(input_ids=input_ids).logits
+    assert logits.shape == (1, 6, target.config.vocab_size)
+    assert torch.isfinite(torch.logsumexp(logits, -1)).all()
