@@ -30,7 +30,7 @@ from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, 
 from distributed_spec.distributed.wire import DraftBlock, unpack_probs
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.steps import commit_target, sample_autoregressive, score
-from distributed_spec.verify import VerifyUniforms, verify
+from distributed_spec.verify import VerifyUniforms, verify_logits
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class TargetShard:
         draft_ids = block.draft_ids.to(self.device)  # [B, g]
         gamma = draft_ids.shape[1]
         start = time.perf_counter()
-        target_probs = score(self.runner, self.last_ids, draft_ids, self.sampling)  # [B, g+1, V]
+        target_logits = score(self.runner, self.last_ids, draft_ids)  # [B, g+1, V]
         self._synchronize()
         scored = time.perf_counter()
         verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
@@ -122,16 +122,17 @@ class TargetShard:
             u = request.u.to(self.device)
             if gamma == 0:
                 verdict[0].zero_()
-                verdict[1] = sample_autoregressive(target_probs, u)
+                verdict[1] = sample_autoregressive(target_logits, u, self.sampling)
             else:
                 uniforms = VerifyUniforms(eta=request.eta.to(self.device), u=u)
-                verified = verify(
+                verified = verify_logits(
                     self.method,
                     draft_ids,
                     unpack_probs(block, self.device),
-                    target_probs,
+                    target_logits,
                     request.num_draft_tokens.to(self.device),
                     uniforms,
+                    self.sampling,
                 )
                 verdict[0], verdict[1] = verified.accepted_counts, verified.next_tokens
         if self.world_size > 1:

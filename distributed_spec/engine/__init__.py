@@ -21,8 +21,9 @@ API:
 - Steps of one iteration (steps.py), the pieces the Ray coordinator replays:
   propose(draft_runner, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms [B, g])
       -> draft_ids [B, g], draft_probs [B, g, V]
-  score(target_runner, last_ids [B], draft_ids [B, g], sampling) -> target_probs [B, g+1, V]
-  distributed_spec.verify.verify(method, ...) -> VerifyOutput
+  score(target_runner, last_ids [B], draft_ids [B, g]) -> target_logits [B, g+1, V]
+  distributed_spec.verify.verify_logits(method, ..., target_logits, ..., sampling) -> VerifyOutput
+      (the fused Triton kernel on CUDA, the torch rules elsewhere)
   commit_target(target_runner, accepted_counts, g)
   commit_draft(draft_runner, draft_ids, accepted_counts, next_tokens) -> next draft_input_ids/mask [B, 2]
 """

@@ -35,7 +35,7 @@ from distributed_spec.engine.steps import (
     sample_autoregressive,
     score,
 )
-from distributed_spec.verify import VerifyUniforms, draw_uniforms, verify
+from distributed_spec.verify import VerifyUniforms, draw_uniforms, verify_logits
 
 logger = logging.getLogger(__name__)
 
@@ -276,9 +276,11 @@ class SpeculativeEngine:
                 draft_uniforms,
             )
         with watch.section("target"):
-            target_probs = score(self.target_runner, batch.last_ids, draft_ids, config.sampling)
+            target_logits = score(self.target_runner, batch.last_ids, draft_ids)
         with watch.section("verify"):
-            verified = verify(config.method, draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
+            verified = verify_logits(
+                config.method, draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, config.sampling
+            )
         commit_target(self.target_runner, verified.accepted_counts, step_gamma)
         batch.draft_input_ids, batch.draft_input_mask = commit_draft(
             self.draft_runner, draft_ids, verified.accepted_counts, verified.next_tokens
@@ -300,9 +302,9 @@ class SpeculativeEngine:
         uniforms = draw_uniforms(num_rows, 0, generator)
         no_draft_ids = torch.zeros(num_rows, 0, dtype=torch.long, device=self.device)
         with watch.section("target"):
-            target_probs = score(self.target_runner, batch.last_ids, no_draft_ids, self.config.sampling)
+            target_logits = score(self.target_runner, batch.last_ids, no_draft_ids)
         with watch.section("verify"):
-            batch.last_ids = sample_autoregressive(target_probs, uniforms.u)
+            batch.last_ids = sample_autoregressive(target_logits, uniforms.u, self.config.sampling)
         # Host sync: the emitted tokens are needed on the host to check EOS, stop strings and length.
         return _StepResult(
             accepted_counts=[0] * num_rows,

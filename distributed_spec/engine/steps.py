@@ -63,19 +63,17 @@ def propose(
     return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1)
 
 
-def score(
-    target: ModelRunner, last_ids: torch.Tensor, draft_ids: torch.Tensor, params: SamplingParams
-) -> torch.Tensor:
+def score(target: ModelRunner, last_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
     """The target scores the g+1 positions of the block in one forward pass.
 
     Args:
         last_ids: [B] Y, the last kept token of each row (not yet in the target's cache).
         draft_ids: [B, g] (g may be 0: plain autoregressive decoding).
     Returns:
-        target_probs: [B, g+1, V] float32 (p_1..p_{g+1}, warped).
+        target_logits: [B, g+1, V] (unwarped; `verify_logits` warps them, or a fused kernel does).
     """
     input_ids = torch.cat([last_ids[:, None], draft_ids], dim=1)  # [B, g+1]
-    return logits_to_probs(target.forward_tokens(input_ids), params)
+    return target.forward_tokens(input_ids)
 
 
 def commit_target(target: ModelRunner, accepted_counts: torch.Tensor, gamma: int) -> None:
@@ -104,12 +102,13 @@ def commit_draft(
     return draft_input_ids, draft_input_mask
 
 
-def sample_autoregressive(target_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The baseline's verify step: sample Y from p_1.
+def sample_autoregressive(target_logits: torch.Tensor, u: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The baseline's verify step: sample Y from p_1, the warped target distribution.
 
     Args:
-        target_probs: [B, 1, V]; u: [B] float64 uniforms.
+        target_logits: [B, 1, V]; u: [B] float64 uniforms.
     Returns:
         next_tokens [B] long.
     """
-    return sample_from_probs(target_probs[:, 0], u.to(target_probs.device))
+    target_probs = logits_to_probs(target_logits[:, 0], params)  # [B, V]
+    return sample_from_probs(target_probs, u.to(target_probs.device))

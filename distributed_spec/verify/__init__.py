@@ -3,6 +3,7 @@
 No model, Ray, Hydra or logging imports here; see rules.py for the terms and the algorithms.
 """
 
+from distributed_spec.verify.from_logits import verify_logits
 from distributed_spec.verify.rules import (
     VERIFY_METHODS,
     VerifyOutput,
@@ -30,5 +31,6 @@ __all__ = [
     "verify",
     "verify_block",
     "verify_greedy",
+    "verify_logits",
     "verify_token",
 ]

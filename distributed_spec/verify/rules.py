@@ -37,6 +37,8 @@ _MAX_LOG_RATIO = 1.0e4
 # Elements per chunk of the vocabulary reductions: small enough that the temporaries of one chunk
 # stay in cache, so block verification's extra work costs about one read of p and q.
 _CHUNK_ELEMENTS = 1 << 18
+# Below this many elements in p, one unchunked pass is cheaper: per-op overhead dominates there.
+_UNCHUNKED_ELEMENTS = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def _vocab_sums(
     """
     batch_size, num_positions, vocab_size = target_probs.shape
     chunk = max(1024, _CHUNK_ELEMENTS // max(1, batch_size * num_positions))
+    if target_probs.numel() <= _UNCHUNKED_ELEMENTS:
+        chunk = vocab_size
     target_sums = target_probs.new_zeros(batch_size, num_positions, dtype=torch.float32)
     draft_sums = None if draft_probs is None else target_sums.new_zeros(batch_size, num_positions - 1)
     residual_masses = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from distributed_spec.engine import ModelRunner, commit_draft, commit_target, propose, score
-from distributed_spec.verify import SamplingParams, draw_uniforms, verify
+from distributed_spec.verify import SamplingParams, draw_uniforms, verify_logits
 
 ATOL = 1e-5
 GAMMA = 3
@@ -40,9 +40,9 @@ def test_commit_leaves_both_caches_at_the_kept_prefix(tiny_pair):
         draft_ids, draft_probs = propose(
             draft, draft_input_ids, draft_input_mask, GAMMA, sampling, draft_uniforms
         )
-        target_probs = score(target, last_ids, draft_ids, sampling)
-        verified = verify(
-            "token", draft_ids, draft_probs, target_probs, None, draw_uniforms(3, GAMMA, generator)
+        target_logits = score(target, last_ids, draft_ids)
+        verified = verify_logits(
+            "token", draft_ids, draft_probs, target_logits, None, draw_uniforms(3, GAMMA, generator), sampling
         )
         commit_target(target, verified.accepted_counts, GAMMA)
         draft_input_ids, draft_input_mask = commit_draft(

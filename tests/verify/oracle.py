@@ -166,3 +166,32 @@ def target_sequence_distribution(
 def total_variation(a: dict, b: dict) -> float:
     keys = set(a) | set(b)
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
+
+
+def decide(
+    method: str, p: Table, q: Table, draft: tuple[int, ...], eta: list[float], u: float
+) -> tuple[int, int, float]:
+    """The oracle's decision for one row given its uniforms: (tau, Y, distance of u * total to the
+    nearest CDF boundary). Implementations given the same uniforms must agree where the distance
+    is not tiny (float32 inputs may round a boundary either way)."""
+    gamma = len(draft)
+    prefixes = [draft[:i] for i in range(gamma + 1)]
+    p_on = [p(prefixes[i])[x] for i, x in enumerate(draft)]
+    q_on = [q(prefixes[i])[x] for i, x in enumerate(draft)]
+    if method == "block":
+        h, rs = block_h(p_on, q_on, [p(pre) for pre in prefixes[1:gamma]], [q(pre) for pre in prefixes[1:gamma]])
+        tau = max([i + 1 for i in range(gamma) if eta[i] < h[i]], default=0)
+        scale = ([1.0] + rs)[tau]
+    elif method == "token":
+        tau = 0
+        while tau < gamma and eta[tau] < min(1.0, p_on[tau] / q_on[tau]):
+            tau += 1
+        scale = 1.0
+    else:
+        raise ValueError(method)
+    p_next = p(prefixes[tau])
+    weights = p_next if tau == gamma else [max(scale * a - b, 0.0) for a, b in zip(p_next, q(prefixes[tau]))]
+    threshold = u * sum(weights)
+    cdf = list(itertools.accumulate(weights))
+    y = next(i for i, c in enumerate(cdf) if c > threshold)
+    return tau, y, min(abs(c - threshold) for c in cdf)

@@ -125,20 +125,9 @@ def _check_oracle_decisions() -> None:
                 shard,
             )
             for row in range(64):
-                draft = tuple(draft_ids[row].tolist())
-                prefixes = [draft[:i] for i in range(gamma + 1)]
-                p_on = [p(prefixes[i])[x] for i, x in enumerate(draft)]
-                q_on = [q(prefixes[i])[x] for i, x in enumerate(draft)]
-                eta = uniforms.eta[row].tolist()
-                if method == "block":
-                    h, _ = oracle.block_h(
-                        p_on, q_on, [p(x) for x in prefixes[1:gamma]], [q(x) for x in prefixes[1:gamma]]
-                    )
-                    tau = max([i + 1 for i in range(gamma) if eta[i] < h[i]], default=0)
-                else:
-                    tau = 0
-                    while tau < gamma and eta[tau] < min(1.0, p_on[tau] / q_on[tau]):
-                        tau += 1
+                tau, _, _ = oracle.decide(
+                    method, p, q, tuple(draft_ids[row].tolist()), uniforms.eta[row].tolist(), uniforms.u[row].item()
+                )
                 assert output.accepted_counts[row].item() == tau, (seed, method, row)
 
 

@@ -1,0 +1,323 @@
+"""Side-by-side benchmark: our engine (autoregressive, token, block, greedy) vs Hugging Face assisted
+generation, same models, prompts and seeds, in one run.
+
+    python -m scripts.bench                                   # the full grid (hours on 2 CPU cores)
+    python -m scripts.bench --num-prompts 12 --max-new-tokens 32 --seeds 0 --out docs/bench
+
+Default pair: SmolLM2-135M-Instruct target with the bundled distilled draft (falls back to the
+target's first 4 layers, with a warning, when the distilled draft is missing). Prompts:
+distributed_spec/assets/bench_prompts.jsonl (chat, code, summarisation; chat template applied).
+
+Reported per (temperature, gamma, method), mean and spread over seeds: block efficiency (tokens per
+target call, correction/bonus token counted), acceptance rate (accepted draft tokens / proposed),
+tokens/s and speedup over our autoregressive decoding of the same prompts in the same run. All wall-
+clock rows run at batch 1 (Hugging Face assisted generation cannot batch); a batch-size sweep of our
+engine follows. Writes results.md, results.json and PNG plots into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.models import LoadedModel, ModelSpec, load_pair
+from distributed_spec.verify import SamplingParams
+
+logger = logging.getLogger("bench")
+
+PROMPTS_PATH = Path(__file__).resolve().parent.parent / "distributed_spec" / "assets" / "bench_prompts.jsonl"
+# Sun et al., PaLM-2-S / PaLM-2-XXS, block over token verification: block efficiency gain per gamma.
+PAPER_BLOCK_OVER_TOKEN = {4: 1.035, 6: 1.06, 8: 1.083}
+
+
+@dataclass
+class Measurement:
+    temperature: float
+    gamma: int
+    method: str  # autoregressive | token | block | greedy | hf_assisted
+    batch_size: int
+    block_efficiency: list[float] = field(default_factory=list)
+    acceptance_rate: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    def add(self, block_efficiency: float, acceptance_rate: float, tokens_per_s: float) -> None:
+        self.block_efficiency.append(block_efficiency)
+        self.acceptance_rate.append(acceptance_rate)
+        self.tokens_per_s.append(tokens_per_s)
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def load_default_pair(draft: str) -> tuple[LoadedModel, LoadedModel]:
+    if draft == "distilled":
+        try:
+            from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
+
+            return load_pair(ModelSpec("smollm2"), ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
+        except (ImportError, FileNotFoundError, OSError) as error:
+            logger.warning("distilled draft unavailable (%s); using the target's first 4 layers", error)
+    return load_pair(ModelSpec("smollm2"), ModelSpec(kind="truncated", num_layers=4))
+
+
+def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str]]:
+    records = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+    # Interleave the task types so that a prefix of the list still mixes them.
+    by_task: dict[str, list[dict]] = {}
+    for record in records:
+        by_task.setdefault(record["task"], []).append(record)
+    interleaved = [r for group in zip(*by_task.values()) for r in group][:num_prompts]
+    prompts = [
+        tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        for r in interleaved
+    ]
+    return [list(p) for p in prompts], [r["task"] for r in interleaved]
+
+
+def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, batch_size, eos_ids):
+    config = EngineConfig(
+        method=method,
+        gamma=gamma,
+        sampling=SamplingParams(temperature=temperature),
+        max_new_tokens=max_new_tokens,
+        max_batch_size=batch_size,
+        seed=seed,
+        eos_token_ids=eos_ids,
+    )
+    engine = SpeculativeEngine(target.model, draft.model if method != "autoregressive" else None, config)
+    start = time.perf_counter()
+    _, stats = engine.generate_with_stats(prompts)
+    elapsed = time.perf_counter() - start
+    proposed = sum(stats.num_proposed_per_position)
+    acceptance = sum(stats.num_accepted_per_position) / proposed if proposed else 0.0
+    return stats.block_efficiency, acceptance, stats.num_tokens / elapsed
+
+
+class _CallCounter:
+    """Counts forward calls of a model (Hugging Face assisted generation reports none)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.count = 0
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args) -> None:
+        self.count += 1
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def run_hf_assisted(target, draft, prompts, gamma, temperature, seed, max_new_tokens, eos_ids):
+    """transformers `generate(assistant_model=...)`, batch 1 (it raises for larger batches): its own
+    defaults (heuristic draft-length schedule) with num_assistant_tokens = gamma; top-k/top-p off to
+    match our sampling."""
+    counter = _CallCounter(target.model)
+    num_tokens, start = 0, time.perf_counter()
+    num_proposed = num_accepted = 0
+    try:
+        for index, prompt in enumerate(prompts):
+            torch.manual_seed(seed * 100_003 + index)
+            input_ids = torch.tensor([prompt])
+            calls_before = counter.count
+            sampling = (
+                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
+            output = target.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                assistant_model=draft.model,
+                num_assistant_tokens=gamma,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=list(eos_ids) or None,
+                pad_token_id=eos_ids[0] if eos_ids else None,
+                **sampling,
+            )
+            new_tokens = output.shape[1] - input_ids.shape[1]
+            calls = counter.count - calls_before
+            num_tokens += new_tokens
+            # Every target call emits its accepted drafts plus one token.
+            num_accepted += new_tokens - calls
+            num_proposed += calls * gamma
+    finally:
+        counter.remove()
+    elapsed = time.perf_counter() - start
+    return num_tokens / max(counter.count, 1), num_accepted / max(num_proposed, 1), num_tokens / elapsed
+
+
+def plot(results: list[Measurement], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    temperatures = sorted({m.temperature for m in results if m.batch_size == 1})
+    ar = {(m.temperature): _mean_spread(m.tokens_per_s)[0] for m in results if m.method == "autoregressive" and m.batch_size == 1}
+    for metric, ylabel, name in [
+        ("block_efficiency", "block efficiency (tokens / target call)", "block_efficiency_vs_gamma.png"),
+        ("speedup", "speedup over autoregressive (tokens/s ratio)", "speedup_vs_gamma.png"),
+    ]:
+        fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4), squeeze=False)
+        for ax, temperature in zip(axes[0], temperatures):
+            for method in ("block", "token", "greedy", "hf_assisted"):
+                rows = sorted(
+                    (m for m in results if m.method == method and m.temperature == temperature and m.batch_size == 1),
+                    key=lambda m: m.gamma,
+                )
+                if not rows:
+                    continue
+                if metric == "speedup":
+                    ys = [[v / ar[temperature] for v in m.tokens_per_s] for m in rows]
+                else:
+                    ys = [getattr(m, metric) for m in rows]
+                means = [statistics.fmean(y) for y in ys]
+                spreads = [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]
+                ax.errorbar([m.gamma for m in rows], means, yerr=spreads, marker="o", capsize=3, label=method)
+            ax.set_title(f"temperature {temperature}")
+            ax.set_xlabel("gamma (draft block length)")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        paths.append(out / name)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for temperature in temperatures:
+        ratios = ratio_rows(results, temperature)
+        if ratios:
+            ax.plot([g for g, _ in ratios], [r for _, r in ratios], marker="o", label=f"ours, T={temperature}")
+    ax.plot(list(PAPER_BLOCK_OVER_TOKEN), list(PAPER_BLOCK_OVER_TOKEN.values()), "k--", marker="s", label="Sun et al. (PaLM-2)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("gamma")
+    ax.set_ylabel("block efficiency: block / token")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "block_over_token_vs_gamma.png", dpi=100)
+    plt.close(fig)
+    paths.append(out / "block_over_token_vs_gamma.png")
+    return paths
+
+
+def ratio_rows(results: list[Measurement], temperature: float) -> list[tuple[int, float]]:
+    """(gamma, mean block efficiency of block / of token) at batch 1."""
+    rows = []
+    for gamma in sorted({m.gamma for m in results if m.method == "block" and m.temperature == temperature}):
+        block = [m for m in results if (m.method, m.temperature, m.gamma, m.batch_size) == ("block", temperature, gamma, 1)]
+        token = [m for m in results if (m.method, m.temperature, m.gamma, m.batch_size) == ("token", temperature, gamma, 1)]
+        if block and token:
+            rows.append((gamma, statistics.fmean(block[0].block_efficiency) / statistics.fmean(token[0].block_efficiency)))
+    return rows
+
+
+def markdown(results: list[Measurement], header: str) -> str:
+    ar = {
+        (m.temperature, m.batch_size): _mean_spread(m.tokens_per_s)[0] for m in results if m.method == "autoregressive"
+    }
+    lines = [header, "", "| T | g | B | method | block efficiency | acceptance rate | tokens/s | speedup vs AR |", "|---|---|---|---|---|---|---|---|"]
+    for m in results:
+        be, be_sd = _mean_spread(m.block_efficiency)
+        acc, acc_sd = _mean_spread(m.acceptance_rate)
+        tps, tps_sd = _mean_spread(m.tokens_per_s)
+        speedups = [v / ar[(m.temperature, m.batch_size)] for v in m.tokens_per_s] if (m.temperature, m.batch_size) in ar else []
+        speedup = f"{_mean_spread(speedups)[0]:.2f} ± {_mean_spread(speedups)[1]:.2f}" if speedups else "-"
+        gamma = "-" if m.method == "autoregressive" else str(m.gamma)
+        lines.append(
+            f"| {m.temperature} | {gamma} | {m.batch_size} | {m.method} | {be:.3f} ± {be_sd:.3f} | {acc:.3f} ± {acc_sd:.3f} | "
+            f"{tps:.1f} ± {tps_sd:.1f} | {speedup} |"
+        )
+    lines += ["", "Block over token verification, block efficiency ratio (ours vs Sun et al., PaLM-2 pair):", ""]
+    lines += ["| T | g | ours | paper |", "|---|---|---|---|"]
+    for temperature in sorted({m.temperature for m in results}):
+        for gamma, ratio in ratio_rows(results, temperature):
+            paper = PAPER_BLOCK_OVER_TOKEN.get(gamma)
+            lines.append(f"| {temperature} | {gamma} | {ratio:.3f} | {paper if paper else '-'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6, 8])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--num-prompts", type=int, default=36)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16], help="batch-size sweep of our engine")
+    parser.add_argument("--sweep-gamma", type=int, default=4)
+    parser.add_argument("--sweep-temperature", type=float, default=1.0)
+    parser.add_argument("--draft", choices=["distilled", "truncated"], default="distilled")
+    parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=Path("docs/bench"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    target, draft = load_default_pair(args.draft)
+    prompts, tasks = load_prompts(target.tokenizer, args.num_prompts)
+    eos_ids = tuple(i for i in [target.tokenizer.eos_token_id] if i is not None)
+    logger.info("target %s, draft %s, %d prompts (%s)", target.name, draft.name, len(prompts), ", ".join(sorted(set(tasks))))
+    results: list[Measurement] = []
+
+    def measurement(temperature, gamma, method, batch_size):
+        for m in results:
+            if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, gamma, method, batch_size):
+                return m
+        results.append(Measurement(temperature, gamma, method, batch_size))
+        return results[-1]
+
+    common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids}
+    for temperature in args.temperatures:
+        methods = ["greedy"] if temperature == 0 else ["token", "block"]
+        for seed in args.seeds:
+            be, acc, tps = run_engine(target, draft, prompts, "autoregressive", 1, temperature, seed, batch_size=1, **common)
+            measurement(temperature, 0, "autoregressive", 1).add(be, acc, tps)
+            logger.info("T=%s seed=%d autoregressive: %.1f tokens/s", temperature, seed, tps)
+            for gamma in args.gammas:
+                for method in methods:
+                    be, acc, tps = run_engine(target, draft, prompts, method, gamma, temperature, seed, batch_size=1, **common)
+                    measurement(temperature, gamma, method, 1).add(be, acc, tps)
+                    logger.info("T=%s seed=%d g=%d %s: BE %.3f, %.1f tokens/s", temperature, seed, gamma, method, be, tps)
+                if not args.skip_hf:
+                    be, acc, tps = run_hf_assisted(target, draft, prompts, gamma, temperature, seed, **common)
+                    measurement(temperature, gamma, "hf_assisted", 1).add(be, acc, tps)
+                    logger.info("T=%s seed=%d g=%d hf_assisted: BE %.3f, %.1f tokens/s", temperature, seed, gamma, be, tps)
+    sweep_method = "greedy" if args.sweep_temperature == 0 else "block"
+    for batch_size in args.batch_sizes:
+        if batch_size == 1 and args.sweep_temperature in args.temperatures and args.sweep_gamma in args.gammas:
+            continue  # already measured above
+        for seed in args.seeds:
+            for method, gamma in [("autoregressive", 0), (sweep_method, args.sweep_gamma)]:
+                be, acc, tps = run_engine(
+                    target, draft, prompts, method, max(gamma, 1), args.sweep_temperature, seed, batch_size=batch_size, **common
+                )
+                measurement(args.sweep_temperature, gamma, method, batch_size).add(be, acc, tps)
+                logger.info("B=%d seed=%d %s: %.1f tokens/s", batch_size, seed, method, tps)
+
+    header = (
+        f"target {target.name}, draft {draft.name}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+        f"seeds {args.seeds}, {args.threads} threads; mean ± std over seeds"
+    )
+    table = markdown(results, header)
+    print(table)
+    (args.out / "results.md").write_text(table + "\n")
+    (args.out / "results.json").write_text(json.dumps([m.__dict__ for m in results], indent=1))
+    for path in plot(results, args.out):
+        logger.info("wrote %s", path)
+
+
+if __name__ == "__main__":
+    main()
