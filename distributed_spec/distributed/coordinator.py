@@ -42,6 +42,7 @@ import torch
 from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.group import ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
+from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
 from distributed_spec.engine.speculative import append_tokens
@@ -147,7 +148,9 @@ class RayCoordinator:
         if self._closed:
             raise RuntimeError("this RayCoordinator was closed; build a new one")
         if not ray.is_initialized():
-            ray.init(address=self.runtime.ray_address, include_dashboard=False, log_to_driver=True)
+            # A cluster brings its own resources; a Ray started here gets enough logical CPUs.
+            local = {} if self.runtime.ray_address else {"num_cpus": local_num_cpus(self.runtime)}
+            ray.init(address=self.runtime.ray_address, include_dashboard=False, log_to_driver=True, **local)
             self._started_ray = True
         if self.actors is None:
             self.actors = launch(

@@ -7,6 +7,8 @@ memory and NCCL can use NVLink; when no single node can hold them the group fall
 from __future__ import annotations
 
 import logging
+import math
+import os
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -25,6 +27,16 @@ def runtime_bundles(config: RayRuntimeConfig) -> list[dict[str, float]]:
         shard["GPU"] = config.num_gpus_per_shard
         draft["GPU"] = config.num_gpus_draft
     return [dict(shard) for _ in range(config.tp_size)] + [draft]
+
+
+def local_num_cpus(config: RayRuntimeConfig) -> int:
+    """Logical CPUs for a Ray started in this process: enough for every bundle of the runtime.
+
+    On a small machine (2 cores, TP = 2 + draft = 3 one-CPU bundles) the bundles then share the
+    physical cores instead of waiting forever for a placement that cannot exist.
+    """
+    needed = sum(bundle.get("CPU", 0.0) for bundle in runtime_bundles(config))
+    return max(os.cpu_count() or 1, math.ceil(needed))
 
 
 def draft_bundle_index(config: RayRuntimeConfig) -> int:

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from distributed_spec.distributed.config import RayRuntimeConfig
-from distributed_spec.distributed.placement import runtime_bundles
+from distributed_spec.distributed.placement import local_num_cpus, runtime_bundles
 from distributed_spec.distributed.rendezvous import (
     Rendezvous,
     ShardPlacement,
@@ -49,3 +49,9 @@ def test_bundles_one_gpu_per_shard_on_cuda() -> None:
 def test_config_errors_name_the_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
         RayRuntimeConfig(**kwargs)
+
+
+def test_a_local_ray_gets_enough_logical_cpus_for_every_bundle() -> None:
+    # TP = 2 + draft on a 2-core machine: 3 one-CPU bundles must still be placeable.
+    assert local_num_cpus(RayRuntimeConfig(tp_size=2)) >= 3
+    assert local_num_cpus(RayRuntimeConfig(tp_size=4, num_cpus_per_shard=2.0)) >= 9
