@@ -34,19 +34,10 @@ from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.models import ModelSpec
 from distributed_spec.models.loading import load_pair
 from distributed_spec.verify import SamplingParams
+from scripts.bench_engine import QUESTIONS
 
 logger = logging.getLogger(__name__)
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain photosynthesis in two sentences.",
-    "List three uses of a paperclip.",
-    "What is 12 times 7?",
-    "Give me a tip for learning a new language.",
-    "Describe a cat to someone who has never seen one.",
-    "Why is the sky blue?",
-]
 
 
 @dataclass

@@ -45,7 +45,7 @@ from distributed_spec.distributed.messages import DecodeSettings, StepRequest, S
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
-from distributed_spec.engine.speculative import append_tokens
+from distributed_spec.engine.speculative import append_tokens, prompt_budgets
 from distributed_spec.verify import draw_uniforms
 
 logger = logging.getLogger(__name__)
@@ -232,25 +232,7 @@ class RayCoordinator:
 
     def _check_prompts(self, prompts: list[list[int]]) -> list[int]:
         """Validate prompts against the target; each row's token budget (clipped to the context)."""
-        vocab_size, max_context = self.actors.vocab_size, self.actors.max_context
-        budgets = []
-        for index, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {index} is empty: every prompt needs at least one token id")
-            if min(prompt) < 0 or max(prompt) >= vocab_size:
-                raise ValueError(
-                    f"prompt {index} has token ids outside [0, {vocab_size}) (the model's vocabulary)"
-                )
-            budget = self.config.max_new_tokens
-            if max_context is not None:
-                if len(prompt) >= max_context:
-                    raise ValueError(
-                        f"prompt {index} has {len(prompt)} tokens, the model context is {max_context}: "
-                        "shorten the prompt (or pick a model with a longer max_position_embeddings)"
-                    )
-                budget = min(budget, max_context - len(prompt))
-            budgets.append(budget)
-        return budgets
+        return prompt_budgets(prompts, self.actors.vocab_size, self.actors.max_context, self.config.max_new_tokens)
 
     def _generate_batch(
         self, prompts: list[list[int]], budgets: list[int], generator: torch.Generator, tokenizer

@@ -173,36 +173,7 @@ class SpeculativeEngine:
         return results, stats
 
     def _check_prompts(self, prompts: list[list[int]]) -> list[int]:
-        """Validate prompts; return each row's token budget (max_new_tokens, clipped to the context)."""
-        budgets = []
-        vocab_size = self.target_runner.vocab_size
-        for index, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {index} is empty: every prompt needs at least one token id")
-            if min(prompt) < 0 or max(prompt) >= vocab_size:
-                raise ValueError(
-                    f"prompt {index} has token ids outside [0, {vocab_size}) (the model's vocabulary)"
-                )
-            budget = self.config.max_new_tokens
-            if self.max_context is not None:
-                if len(prompt) >= self.max_context:
-                    raise ValueError(
-                        f"prompt {index} has {len(prompt)} tokens, the model context is {self.max_context}: "
-                        "shorten the prompt (or pick a model with a longer max_position_embeddings)"
-                    )
-                if len(prompt) + budget > self.max_context:
-                    logger.warning(
-                        "prompt %d: %d tokens + engine.max_new_tokens=%d exceed the context %d; "
-                        "generating at most %d tokens",
-                        index,
-                        len(prompt),
-                        budget,
-                        self.max_context,
-                        self.max_context - len(prompt),
-                    )
-                    budget = self.max_context - len(prompt)
-            budgets.append(budget)
-        return budgets
+        return prompt_budgets(prompts, self.target_runner.vocab_size, self.max_context, self.config.max_new_tokens)
 
     def _prefill(self, prompts: list[list[int]], stats: RunStats) -> None:
         """Prefill both caches with prompt[:-1]; the last prompt token is each row's first Y."""
@@ -342,6 +313,41 @@ class SpeculativeEngine:
         batch.draft_input_ids = batch.draft_input_ids[keep_index]
         batch.draft_input_mask = batch.draft_input_mask[keep_index]
         batch.rows = [batch.rows[index] for index in keep]
+
+
+def prompt_budgets(
+    prompts: list[list[int]], vocab_size: int, max_context: int | None, max_new_tokens: int
+) -> list[int]:
+    """Validate prompts; return each row's token budget (max_new_tokens, clipped to the context).
+
+    The Ray coordinator checks its prompts with this same function.
+    """
+    budgets = []
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty: every prompt needs at least one token id")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompt {index} has token ids outside [0, {vocab_size}) (the model's vocabulary)")
+        budget = max_new_tokens
+        if max_context is not None:
+            if len(prompt) >= max_context:
+                raise ValueError(
+                    f"prompt {index} has {len(prompt)} tokens, the model context is {max_context}: "
+                    "shorten the prompt (or pick a model with a longer max_position_embeddings)"
+                )
+            if len(prompt) + budget > max_context:
+                logger.warning(
+                    "prompt %d: %d tokens + engine.max_new_tokens=%d exceed the context %d; "
+                    "generating at most %d tokens",
+                    index,
+                    len(prompt),
+                    budget,
+                    max_context,
+                    max_context - len(prompt),
+                )
+                budget = max_context - len(prompt)
+        budgets.append(budget)
+    return budgets
 
 
 def append_tokens(
