@@ -20,15 +20,18 @@ import torch
 from distributed_spec.verify import SamplingParams, draw_uniforms, logits_to_probs, verify
 
 
-def _time_call(fn, repeats: int) -> float:
-    """Fastest of `repeats` calls after one warm-up (the least disturbed by other load)."""
-    fn()
-    durations = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _time_calls(calls: dict, repeats: int) -> dict[str, float]:
+    """Fastest of `repeats` calls of each, after one warm-up; the calls take turns, so load or
+    frequency changes on the machine hit every method alike."""
+    durations = {name: [] for name in calls}
+    for fn in calls.values():
         fn()
-        durations.append(time.perf_counter() - start)
-    return min(durations)
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            durations[name].append(time.perf_counter() - start)
+    return {name: min(times) for name, times in durations.items()}
 
 
 def bench_point(batch_size: int, gamma: int, vocab_size: int, repeats: int) -> dict[str, float]:
@@ -42,18 +45,13 @@ def bench_point(batch_size: int, gamma: int, vocab_size: int, repeats: int) -> d
     )
     target_probs = logits_to_probs(target_logits, params)
     uniforms = draw_uniforms(batch_size, gamma, generator)
-    times = {}
+    calls = {}
     for method in ("token", "block", "greedy"):
-        times[method] = _time_call(
-            lambda m=method: verify(m, draft_ids, draft_probs, target_probs, None, uniforms), repeats
+        calls[method] = lambda m=method: verify(m, draft_ids, draft_probs, target_probs, None, uniforms)
+        calls[f"{method}_from_logits"] = lambda m=method: verify(
+            m, draft_ids, draft_probs, logits_to_probs(target_logits, params), None, uniforms
         )
-        times[f"{method}_from_logits"] = _time_call(
-            lambda m=method: verify(
-                m, draft_ids, draft_probs, logits_to_probs(target_logits, params), None, uniforms
-            ),
-            repeats,
-        )
-    return times
+    return _time_calls(calls, repeats)
 
 
 def main() -> None:

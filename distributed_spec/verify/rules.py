@@ -18,6 +18,10 @@ kernel and in the vocabulary-parallel path. Block verification (DESIGN.md sectio
     h_i = Z_i / (Z_i + 1 - r_i)  (1 when the denominator is 0)    i < n;   h_n = r_n
     tau = the largest i with eta_i < h_i, else 0                  (no early break)
     Y ~ norm(max(r_tau p_{tau+1} - q_{tau+1}, 0)) if tau < n,  else Y ~ p_{n+1}
+
+verify_block computes a Z_i only where it can decide tau (block_decisions); block_accepted_counts
+is the same decision from every Z_i at once, for callers that reduce all of them anyway (the
+vocabulary-parallel path).
 """
 
 from __future__ import annotations
@@ -100,49 +104,93 @@ def _check_inputs(
         raise ValueError(f"draft_ids must lie in [0, V={vocab_size})")
 
 
-def _vocab_sums(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    scales: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """All reductions over V in one chunked pass.
-
-    Args:
-        target_probs: p [B, g+1, V]
-        draft_probs: q [B, g, V] or None
-        scales: r_1..r_{g-1} [B, g-1] or None; when given, the residual masses are computed.
-    Returns:
-        target_sums [B, g+1], draft_sums [B, g] (or None),
-        residual_masses Z_1..Z_{g-1} [B, g-1] (or None): Z_i = sum_x max(r_i p_{i+1} - q_{i+1}, 0).
-    """
+def _check_finite(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    """Raise ValueError if p [B, g+1, V] or q [B, g, V] hold NaN or inf (one chunked pass of sums)."""
     batch_size, num_positions, vocab_size = target_probs.shape
     chunk = max(1024, _CHUNK_ELEMENTS // max(1, batch_size * num_positions))
     if target_probs.numel() <= _UNCHUNKED_ELEMENTS:
         chunk = vocab_size
     target_sums = target_probs.new_zeros(batch_size, num_positions, dtype=torch.float32)
     draft_sums = None if draft_probs is None else target_sums.new_zeros(batch_size, num_positions - 1)
-    residual_masses = None
-    if scales is not None:
-        residual_masses = target_sums.new_zeros(batch_size, num_positions - 2)
-        scales = scales.to(torch.float32).unsqueeze(-1)
     for start in range(0, vocab_size, chunk):
-        p = target_probs[..., start : start + chunk]
-        target_sums += p.sum(dim=-1, dtype=torch.float32)
-        if draft_probs is None:
-            continue
-        q = draft_probs[..., start : start + chunk]
-        draft_sums += q.sum(dim=-1, dtype=torch.float32)
-        if residual_masses is not None:
-            residual = p[:, 1:-1].float() * scales
-            residual.sub_(q[:, 1:]).clamp_(min=0.0)
-            residual_masses += residual.sum(dim=-1)
+        target_sums += target_probs[..., start : start + chunk].sum(dim=-1, dtype=torch.float32)
+        if draft_probs is not None:
+            draft_sums += draft_probs[..., start : start + chunk].sum(dim=-1, dtype=torch.float32)
     # Host sync: a non-finite input must raise instead of producing a silent NaN token.
     finite = bool(target_sums.isfinite().all()) and (draft_sums is None or bool(draft_sums.isfinite().all()))
     if not finite:
         raise ValueError(
             "target_probs or draft_probs hold NaN or inf; check the model logits and sampling settings"
         )
-    return target_sums, draft_sums, residual_masses
+
+
+def residual_mass(target_probs: torch.Tensor, draft_probs: torch.Tensor, scale: float) -> float:
+    """Z = sum_x max(r p(x) - q(x), 0) of one position: p [V], q [V], r a float."""
+    # q - r p clamped to (-inf, 0] and summed is -Z: two passes over V, one temporary.
+    negative = torch.add(draft_probs.float(), target_probs.float(), alpha=-scale).clamp_(max=0.0)
+    return -negative.sum().item()
+
+
+def _h(z: float, r: float) -> float:
+    """h = Z / (Z + 1 - r); Z = 0 with r = 1 is 0/0, h = 1 (every later block is accepted then)."""
+    denominator = z + 1.0 - r
+    return z / denominator if denominator > 0 else 1.0
+
+
+def block_decisions(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_on_path: torch.Tensor,
+    draft_on_path: torch.Tensor,
+    r: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    eta: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tau and r_tau of block verification, row by row, paying for Z_i only where it decides tau.
+
+    tau is the largest i <= n with eta_i < h_i, so each row scans i = n, n-1, .. 1 and stops at the
+    first hit; h_n = r_n. For i < n, h_i = Z_i / (Z_i + 1 - r_i) grows with Z_i, and the next draft
+    token X = X_{i+1} bounds Z_i = sum_x max(r_i p_{i+1}(x) - q_{i+1}(x), 0) on both sides:
+        max(r_i p(X) - q(X), 0)  <=  Z_i  <=  r_i - min(r_i p(X), q(X))    (p sums to 1)
+    Only an eta_i between the two bounds on h_i pays the pass over V that Z_i costs. The scan runs
+    on the host (a few floats per row); the passes over V run on p's device.
+
+    Args:
+        target_probs: p [B, g+1, V]; draft_probs: q [B, g, V]
+        target_on_path: p_i(X_i) [B, g]; draft_on_path: q_i(X_i) [B, g]
+        r: r_1..r_g [B, g] float64; num_draft_tokens: n [B]; eta: [B, g] uniforms
+    Returns:
+        accepted_counts [B] long, residual_scales r_tau [B] float64 (r_0 = 1)
+    """
+    accepted_counts, residual_scales = [], []
+    # Host sync: the scan below decides which rows of V are reduced.
+    rows = zip(
+        r.tolist(), eta.tolist(), num_draft_tokens.tolist(), target_on_path.tolist(), draft_on_path.tolist()
+    )
+    for row, (r_row, eta_row, n, p_path, q_path) in enumerate(rows):
+        tau = 0
+        for i in range(n, 0, -1):  # i is 1-based: r_i = r_row[i - 1], p_{i+1}(X_{i+1}) = p_path[i]
+            r_i, eta_i = r_row[i - 1], eta_row[i - 1]
+            if i == n:
+                if eta_i < r_i:
+                    tau = i
+                    break
+                continue
+            p_next, q_next = r_i * p_path[i], q_path[i]
+            if eta_i >= _h(r_i - min(p_next, q_next), r_i):
+                continue
+            if eta_i < _h(max(p_next - q_next, 0.0), r_i) or eta_i < _h(
+                residual_mass(target_probs[row, i], draft_probs[row, i], r_i), r_i
+            ):
+                tau = i
+                break
+        accepted_counts.append(tau)
+        residual_scales.append(r_row[tau - 1] if tau > 0 else 1.0)
+    device = num_draft_tokens.device
+    return (
+        torch.tensor(accepted_counts, dtype=torch.long, device=device),
+        torch.tensor(residual_scales, dtype=torch.float64, device=device),
+    )
 
 
 def _on_path(probs: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -208,12 +256,13 @@ def block_acceptance_probs(
     Returns:
         r [B, g] float64, non-increasing along g.
     """
-    log_ratio = torch.log(target_on_path) - torch.log(draft_on_path)
-    # p = 0: reject for sure (also when q = 0 too, a draft that sampled an impossible token).
-    log_ratio = torch.where(target_on_path > 0, log_ratio.clamp(max=_MAX_LOG_RATIO), float("-inf"))
+    # p = 0 rejects for sure (0/q and 0/0); q = 0 < p accepts (p/0 = inf, capped).
+    log_ratio = torch.log(target_on_path / draft_on_path).nan_to_num_(
+        nan=float("-inf"), posinf=_MAX_LOG_RATIO, neginf=float("-inf")
+    )
     cumulative = log_ratio.cumsum(dim=1)
-    running_max = cumulative.cummax(dim=1).values.clamp(min=0.0)
-    return torch.exp(cumulative - running_max)
+    running_max = cumulative.cummax(dim=1).values.clamp_(min=0.0)
+    return cumulative.sub_(running_max).exp_()
 
 
 def block_accepted_counts(
@@ -236,14 +285,15 @@ def block_accepted_counts(
     if gamma == 0:
         return torch.zeros_like(num_draft_tokens)
     positions = torch.arange(1, gamma + 1, device=r.device)  # i = 1..g
-    h = r.clone()
+    n = num_draft_tokens.unsqueeze(1)
+    h = r
     if gamma > 1:
         z = residual_masses.double()
-        denominator = z + 1.0 - r[:, :-1]
-        h[:, :-1] = torch.where(denominator > 0, z / denominator.clamp(min=1e-300), 1.0)
-    n = num_draft_tokens.unsqueeze(1)
-    h = torch.where(positions == n, r, torch.where(positions < n, h, 0.0))
-    return ((eta < h).long() * positions).amax(dim=1)
+        # 0/0 (Z_i = 0, r_i = 1) is h_i = 1: with r_i = 1 every later block is accepted.
+        h_inner = z.div(z + (1.0 - r[:, :-1])).nan_to_num_(nan=1.0)
+        h = torch.where(positions == n, r, torch.cat([h_inner, r[:, -1:]], dim=1))  # h_n = r_n
+    chosen = (eta < h) & (positions <= n)
+    return (chosen * positions).amax(dim=1)
 
 
 def verify_block(
@@ -264,11 +314,12 @@ def verify_block(
     """
     batch_size, gamma = draft_ids.shape
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
-    r = block_acceptance_probs(_on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids))
-    _, _, residual_masses = _vocab_sums(target_probs, draft_probs, r[:, :-1] if gamma > 1 else None)
-    accepted_counts = block_accepted_counts(r, residual_masses, num_draft_tokens, uniforms.eta)
-    r_padded = torch.cat([r.new_ones(batch_size, 1), r], dim=1)  # r_0 = 1
-    residual_scales = r_padded.gather(1, accepted_counts.unsqueeze(1)).squeeze(1)
+    _check_finite(target_probs, draft_probs)
+    target_on_path, draft_on_path = _on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids)
+    r = block_acceptance_probs(target_on_path, draft_on_path)
+    accepted_counts, residual_scales = block_decisions(
+        target_probs, draft_probs, target_on_path, draft_on_path, r, num_draft_tokens, uniforms.eta
+    )
     next_tokens = _sample_next_tokens(
         target_probs, draft_probs, accepted_counts, num_draft_tokens, residual_scales, uniforms.u
     )
@@ -288,7 +339,7 @@ def verify_token(
     """
     batch_size, gamma = draft_ids.shape
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
-    _vocab_sums(target_probs, draft_probs)
+    _check_finite(target_probs, draft_probs)
     positions = torch.arange(gamma, device=draft_ids.device)
     # eta < p / q written without the division: q = 0 < p accepts, p = 0 rejects.
     passes = uniforms.eta * _on_path(draft_probs, draft_ids) < _on_path(target_probs, draft_ids)
@@ -319,7 +370,7 @@ def verify_greedy(
     """
     batch_size, gamma = draft_ids.shape
     _check_inputs(draft_ids, None, target_probs, num_draft_tokens)
-    target_sums, _, _ = _vocab_sums(target_probs, None)
+    _check_finite(target_probs, None)
     target_argmax = target_probs.argmax(dim=-1)  # [B, g+1]
     positions = torch.arange(gamma, device=draft_ids.device)
     passes = (draft_ids == target_argmax[:, :gamma]) & (

@@ -10,6 +10,8 @@ from scipy import stats
 from distributed_spec.verify import (
     SamplingParams,
     VerifyUniforms,
+    block_acceptance_probs,
+    block_accepted_counts,
     draw_uniforms,
     logits_to_probs,
     verify,
@@ -135,12 +137,49 @@ def test_decisions_match_oracle_for_identical_uniforms(method):
         output = verify(method, draft_ids, draft_probs, target_probs, None, uniforms)
         for row in range(64):
             tau, y, margin = oracle.decide(
-                method, p, q, tuple(draft_ids[row].tolist()), uniforms.eta[row].tolist(), uniforms.u[row].item()
+                method,
+                p,
+                q,
+                tuple(draft_ids[row].tolist()),
+                uniforms.eta[row].tolist(),
+                uniforms.u[row].item(),
             )
             assert output.accepted_counts[row].item() == tau, (seed, row)
             # Only compare away from a CDF boundary, where float32 inputs could round either way.
             if margin > 1e-5:
                 assert output.next_tokens[row].item() == y, (seed, row)
+
+
+def test_block_scan_equals_the_full_residual_computation():
+    """verify_block skips Z_i where eta_i >= r_i; tau must equal h from every Z_i (ragged rows, r = 1 rows)."""
+    generator = torch.Generator().manual_seed(11)
+    batch_size, gamma, vocab_size = 96, 8, 1000
+    target_logits = torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 2
+    draft_logits = (
+        target_logits[:, :gamma] + torch.randn(batch_size, gamma, vocab_size, generator=generator) * 0.5
+    )
+    draft_logits[: batch_size // 4] = target_logits[: batch_size // 4, :gamma]  # q = p: r = 1 throughout
+    params = SamplingParams(temperature=1.0, top_k=50)  # zeros in p and q
+    target_probs, draft_probs = logits_to_probs(target_logits, params), logits_to_probs(draft_logits, params)
+    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(
+        batch_size, gamma
+    )
+    num_draft_tokens = torch.randint(0, gamma + 1, (batch_size,), generator=generator)
+    for _ in range(5):
+        uniforms = draw_uniforms(batch_size, gamma, generator)
+        output = verify("block", draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
+        r = block_acceptance_probs(
+            target_probs.gather(-1, torch.cat([draft_ids, draft_ids[:, -1:]], 1).unsqueeze(-1))[
+                :, :gamma, 0
+            ].double(),
+            draft_probs.gather(-1, draft_ids.unsqueeze(-1))[..., 0].double(),
+        )
+        all_masses = (
+            (target_probs[:, 1:-1] * r[:, :-1, None].float() - draft_probs[:, 1:]).clamp(min=0).sum(-1)
+        )
+        expected = block_accepted_counts(r, all_masses, num_draft_tokens, uniforms.eta)
+        assert torch.equal(output.accepted_counts, expected)
+        assert (output.accepted_counts <= num_draft_tokens).all()
 
 
 @pytest.mark.parametrize("method", ["block", "token", "greedy"])
