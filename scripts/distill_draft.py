@@ -29,11 +29,14 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distributed_spec.models.distilled import (
     DISTILLED_SMOLLM2_DRAFT_DIR,
+    SUB_VOCAB_KEY,
+    WEIGHTS_NAME,
     build_draft,
     draft_llama_config,
     load_distilled_draft,
@@ -204,6 +207,46 @@ def run_generate(args, model, tokenizer, only_eval: bool = False) -> None:
         progress.set_postfix(tokens=sum(len(r["input_ids"]) for r in records))
 
 
+# Openings of the user turns that the target completes in the "questions" stage.
+QUESTION_OPENINGS = (
+    "Explain", "Write a", "How do I", "What is", "Why does", "Summarize", "Can you", "Give me",
+    "Write a Python function", "What are the differences between", "Tell me about", "Help me",
+    "List", "Describe", "Translate", "Compare", "Fix this code:", "Suggest", "Is it true that", "Plan",
+)
+
+
+def run_questions(args, model, tokenizer) -> Path:
+    """Stage 0 (optional): the target writes --num-questions user requests (it completes the user turn
+    of its chat template from one of QUESTION_OPENINGS, at temperature 1). They are written as "chat"
+    prompts to work_dir/questions_seed<seed>.txt, to pass as --prompts: more varied contexts than a
+    hand-written list, and still text the target generates. Returns the file's path."""
+    if not tokenizer.chat_template:
+        raise ValueError("--stages questions needs a target with a chat template")
+    marker = "QUESTION_OPENING"
+    template = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    prefix = template[: template.index(marker)]
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    openings = [QUESTION_OPENINGS[i % len(QUESTION_OPENINGS)] for i in range(args.num_questions)]
+    generator = torch.Generator().manual_seed(args.seed * 100_003 + 90_000)
+    questions = []
+    for start in tqdm(range(0, len(openings), args.gen_batch_size), desc="questions", unit="batch"):
+        batch = openings[start:start + args.gen_batch_size]
+        prompt_ids = [tokenizer(prefix + opening, add_special_tokens=False)["input_ids"] for opening in batch]
+        records = generate_with_target_probs(model, prompt_ids, args.question_tokens, eos, pad, 1, generator)
+        for opening, record in zip(batch, records):
+            generated = record["input_ids"][record["num_prompt_tokens"]:].tolist()
+            text = opening + tokenizer.decode([t for t in generated if t != eos], skip_special_tokens=True)
+            if generated and generated[-1] == eos and len(text) > len(opening) + 8:  # finished turns only
+                questions.append(text.strip().replace("\t", " ").replace("\n", "\\n"))
+    path = Path(args.work_dir) / f"questions_seed{args.seed}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# user turns written by the target (scripts/distill_draft.py --stages questions)\n"
+                    + "".join(f"chat\t{q}\n" for q in questions))
+    logger.info("wrote %d of %d questions (finished turns) to %s", len(questions), len(openings), path)
+    return path
+
+
 def _shard_paths(work_dir: str) -> list[Path]:
     return sorted((Path(work_dir) / "data").glob("*shard_*.pt"))
 
@@ -329,8 +372,11 @@ def run_train(args, target_model):
     records = load_records(args.work_dir, "train")
     state_path = Path(args.work_dir) / "train_state.pt"
     state = torch.load(state_path, weights_only=True) if args.resume and state_path.exists() else None
+    initial = None if state is not None or not args.init_from else load_file(str(Path(args.init_from) / WEIGHTS_NAME))
     if state is not None and not args.refresh_sub_vocab:
         sub_vocab_ids = state["sub_vocab_ids"]
+    elif initial is not None and not args.refresh_sub_vocab and SUB_VOCAB_KEY in initial:
+        sub_vocab_ids = initial[SUB_VOCAB_KEY].long()
     else:
         sub_vocab_ids = choose_sub_vocab(records, target_model.config.vocab_size, args.sub_vocab_size)
     config = draft_llama_config(target_model.config, args.num_layers, args.intermediate_size)
@@ -345,6 +391,12 @@ def run_train(args, target_model):
             logger.info("sub-vocabulary chosen again from %d sequences", len(records))
         start = state["step"]
         logger.info("resumed from %s at step %d", state_path, start)
+    elif initial is not None:
+        # Warm start from an exported draft of the same shape (its bf16 layers; the head rows are the target's).
+        with torch.no_grad():
+            for name, tensor in trainable_state_dict(draft).items():
+                tensor.copy_(initial[name])
+        logger.info("initialised from the exported draft in %s", args.init_from)
     else:
         init_from_target(draft, target_model, args.init_layers)
     vocab_to_sub = _vocab_to_sub(draft)
@@ -452,7 +504,7 @@ def run_eval(args, target_model) -> dict:
 
 # ----------------------------------------------------------------------------- entry point
 
-STAGES = ("generate", "train", "export", "eval")
+STAGES = ("questions", "generate", "train", "export", "eval")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -460,7 +512,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", default="smollm2", help='"smollm2" (embedded GGUF), a local model dir or hub id')
     parser.add_argument("--out-dir", default=str(DISTILLED_SMOLLM2_DRAFT_DIR), help="exported draft checkpoint")
     parser.add_argument("--work-dir", default=None, help="shards and training state (default: cache/distill/<out-dir name>)")
-    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
+    parser.add_argument("--stages", default=",".join(STAGES[1:]), help=f"comma-separated subset of {STAGES}")
     parser.add_argument("--eval-only", action="store_true", help="only the eval stage: print the acceptance of --out-dir")
     parser.add_argument("--resume", action="store_true", help="continue training from work-dir/train_state.pt")
     parser.add_argument("--refresh-sub-vocab", action="store_true",
@@ -474,12 +526,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gen-batch-size", type=int, default=32)
     parser.add_argument("--store-top-k", type=int, default=64, help="target probabilities kept per position")
+    parser.add_argument("--num-questions", type=int, default=0, help="questions stage: user turns the target writes")
+    parser.add_argument("--question-tokens", type=int, default=48, help="questions stage: longest user turn")
     parser.add_argument("--shard-prefix", default="",
                         help="name prefix of new shards, to add a round of samples (with another --seed) to the data")
     # draft architecture
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--intermediate-size", type=int, default=768)
     parser.add_argument("--sub-vocab-size", type=int, default=8192, help="K tokens the draft scores; 0: all V")
+    parser.add_argument("--init-from", default=None,
+                        help="exported draft folder to start training from (same shape), instead of --init-layers")
     parser.add_argument("--init-layers", default="first,last",
                         help='target layers that initialise the draft layers ("first,last", "0,29", or "none")')
     # train
@@ -495,6 +551,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bench-tokens", type=int, default=32, help="batch-1 decode steps timed per model; 0: skip")
     args = parser.parse_args(argv)
     args.stages = ["eval"] if args.eval_only else [s for s in args.stages.split(",") if s]
+    if "questions" in args.stages and args.num_questions < 1:
+        parser.error("--stages questions needs --num-questions > 0")
     unknown = set(args.stages) - set(STAGES)
     if unknown:
         parser.error(f"--stages: unknown {sorted(unknown)}; choose from {STAGES}")
@@ -513,6 +571,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     model, tokenizer = load_target(args.target)
     metrics = {}
+    if "questions" in args.stages:
+        run_questions(args, model, tokenizer)
     if "generate" in args.stages:
         run_generate(args, model, tokenizer)
     if "train" in args.stages:

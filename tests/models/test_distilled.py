@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -104,6 +106,16 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
     assert metrics["draft_ms_per_token"] > 0
     meta = json.loads((tmp_path / "draft" / "draft_config.json").read_text())
     assert meta["sub_vocab_size"] == 40 and "--resume" in meta["made_by"]
+
+    # Warm start: a new work dir whose training starts from the exported draft (lr 0: unchanged weights).
+    exported = load_file(str(tmp_path / "draft" / "model.safetensors"))
+    warm = [*common, "--work-dir", str(tmp_path / "warm"), "--init-from", str(tmp_path / "draft")]
+    shutil.copytree(tmp_path / "work" / "data", tmp_path / "warm" / "data")
+    script.main([*warm, "--steps", "1", "--lr", "0", "--stages", "train"])
+    started = torch.load(tmp_path / "warm" / "train_state.pt", weights_only=True)
+    assert torch.equal(started["sub_vocab_ids"].int(), exported["sub_vocab_ids"])
+    for name, tensor in started["draft"].items():
+        assert torch.equal(tensor.to(torch.bfloat16), exported[name]), name
 
     target = LlamaForCausalLM.from_pretrained(target_dir).eval()
     draft = load_distilled_draft(tmp_path / "draft", target)
