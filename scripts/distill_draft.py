@@ -4,6 +4,8 @@
     python -m scripts.distill_draft --target smollm2 --out-dir distributed_spec/assets/drafts/smollm2-draft --eval-only
 
 Stages (--stages), working in --work-dir (default ~/.cache/distributed_spec/distill/<out-dir name>):
+0. questions (only when named, with --num-questions N): the target writes N user requests itself
+   into work_dir/questions_seed<seed>.txt, to pass to generate as --prompts (new contexts).
 1. generate: the target continues every seed prompt (scripts/distill_prompts.txt) at temperature 1,
    batched; per position we keep the target's top-k probabilities p and the rest mass, one shard
    per batch (existing shards are skipped; --seed/--shard-prefix add another round of samples).
@@ -16,6 +18,7 @@ Stages (--stages), working in --work-dir (default ~/.cache/distributed_spec/dist
 4. eval: token-level acceptance, mean over held-out positions of sum_x min(p(x), q(x)) with the
    full p and q at temperature 1, and the per-token cost of draft vs target at batch 1.
    --eval-only runs just this stage (generating the held-out samples first when no shards exist).
+--init-from DIR starts training from an exported draft of the same shape (a warm start).
 """
 
 from __future__ import annotations
