@@ -96,6 +96,12 @@ def encode_prompt(tokenizer, kind: str, text: str) -> list[int]:
 # ----------------------------------------------------------------------------- stage 1: generate
 
 
+def _eos_and_pad(model, tokenizer) -> tuple[int, int]:
+    """The token that ends a sample, and the one that pads a batch (EOS when there is no pad)."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+
 def _cache_kwargs(outputs) -> dict:
     """The KV cache of a forward's outputs as the kwarg the next forward takes (`cache` in transformers 5)."""
     name = "cache" if "cache" in outputs else "past_key_values"
@@ -188,8 +194,7 @@ def run_generate(args, model, tokenizer, only_eval: bool = False) -> None:
         jobs += [(i, split, s) for s in range(num_samples)]
     encoded = [encode_prompt(tokenizer, kind, text) for kind, text in prompts]
     jobs.sort(key=lambda job: (len(encoded[job[0]]), job))  # similar lengths together: less padding
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos, pad = _eos_and_pad(model, tokenizer)
     data_dir = Path(args.work_dir) / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     prefix = "eval_shard" if only_eval else f"{args.shard_prefix}shard"
@@ -228,8 +233,7 @@ def run_questions(args, model, tokenizer) -> Path:
     marker = "QUESTION_OPENING"
     template = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
     prefix = template[: template.index(marker)]
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos, pad = _eos_and_pad(model, tokenizer)
     openings = [QUESTION_OPENINGS[i % len(QUESTION_OPENINGS)] for i in range(args.num_questions)]
     generator = torch.Generator().manual_seed(args.seed * 100_003 + 90_000)
     questions = []

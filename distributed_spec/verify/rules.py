@@ -38,8 +38,8 @@ VERIFY_METHODS = ("block", "token", "greedy")
 # Cap on log(p/q) where q(X_i) = 0 < p(X_i): r_i becomes 1 for any r_{i-1} above ~e^-1e4 (every
 # non-zero float), and the cap keeps the cumulative sums below free of inf - inf.
 _MAX_LOG_RATIO = 1.0e4
-# Elements per chunk of the vocabulary reductions: small enough that the temporaries of one chunk
-# stay in cache, so block verification's extra work costs about one read of p and q.
+# Elements per chunk of the finiteness sums over V: small enough that one chunk of p and q stays
+# in cache at large B.
 _CHUNK_ELEMENTS = 1 << 18
 # Below this many elements in p, one unchunked pass is cheaper: per-op overhead dominates there.
 _UNCHUNKED_ELEMENTS = 1 << 21
@@ -168,22 +168,7 @@ def block_decisions(
         r.tolist(), eta.tolist(), num_draft_tokens.tolist(), target_on_path.tolist(), draft_on_path.tolist()
     )
     for row, (r_row, eta_row, n, p_path, q_path) in enumerate(rows):
-        tau = 0
-        for i in range(n, 0, -1):  # i is 1-based: r_i = r_row[i - 1], p_{i+1}(X_{i+1}) = p_path[i]
-            r_i, eta_i = r_row[i - 1], eta_row[i - 1]
-            if i == n:
-                if eta_i < r_i:
-                    tau = i
-                    break
-                continue
-            p_next, q_next = r_i * p_path[i], q_path[i]
-            if eta_i >= _h(r_i - min(p_next, q_next), r_i):
-                continue
-            if eta_i < _h(max(p_next - q_next, 0.0), r_i) or eta_i < _h(
-                residual_mass(target_probs[row, i], draft_probs[row, i], r_i), r_i
-            ):
-                tau = i
-                break
+        tau = _scan_row(target_probs[row], draft_probs[row], r_row, eta_row, n, p_path, q_path)
         accepted_counts.append(tau)
         residual_scales.append(r_row[tau - 1] if tau > 0 else 1.0)
     device = num_draft_tokens.device
@@ -191,6 +176,33 @@ def block_decisions(
         torch.tensor(accepted_counts, dtype=torch.long, device=device),
         torch.tensor(residual_scales, dtype=torch.float64, device=device),
     )
+
+
+def _scan_row(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    r_row: list[float],
+    eta_row: list[float],
+    n: int,
+    p_path: list[float],
+    q_path: list[float],
+) -> int:
+    """tau of one row (see block_decisions): p [g+1, V], q [g, V]; the rest are that row's floats.
+
+    Indices are 1-based in the math: r_i = r_row[i - 1], p_{i+1}(X_{i+1}) = p_path[i], p_{i+1} = p[i].
+    """
+    if n > 0 and eta_row[n - 1] < r_row[n - 1]:  # h_n = r_n
+        return n
+    for i in range(n - 1, 0, -1):
+        r_i, eta_i = r_row[i - 1], eta_row[i - 1]
+        scaled_p, q_next = r_i * p_path[i], q_path[i]  # r_i p_{i+1}(X_{i+1}), q_{i+1}(X_{i+1})
+        if eta_i >= _h(r_i - min(scaled_p, q_next), r_i):  # above the upper bound on h_i
+            continue
+        if eta_i < _h(max(scaled_p - q_next, 0.0), r_i):  # below the lower bound
+            return i
+        if eta_i < _h(residual_mass(target_probs[i], draft_probs[i], r_i), r_i):
+            return i
+    return 0
 
 
 def _on_path(probs: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -312,7 +324,7 @@ def verify_block(
         num_draft_tokens: n [B] long in [0, g]
         uniforms: eta [B, g], u [B]
     """
-    batch_size, gamma = draft_ids.shape
+    gamma = draft_ids.shape[1]
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
     _check_finite(target_probs, draft_probs)
     target_on_path, draft_on_path = _on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids)

@@ -16,6 +16,7 @@ from distributed_spec.verify import (
     logits_to_probs,
     verify,
 )
+from distributed_spec.verify.rules import _on_path
 from tests.verify import oracle
 from tests.verify.batched import dense_table, sample_block_inputs
 
@@ -168,12 +169,7 @@ def test_block_scan_equals_the_full_residual_computation():
     for _ in range(5):
         uniforms = draw_uniforms(batch_size, gamma, generator)
         output = verify("block", draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
-        r = block_acceptance_probs(
-            target_probs.gather(-1, torch.cat([draft_ids, draft_ids[:, -1:]], 1).unsqueeze(-1))[
-                :, :gamma, 0
-            ].double(),
-            draft_probs.gather(-1, draft_ids.unsqueeze(-1))[..., 0].double(),
-        )
+        r = block_acceptance_probs(_on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids))
         all_masses = (
             (target_probs[:, 1:-1] * r[:, :-1, None].float() - draft_probs[:, 1:]).clamp(min=0).sum(-1)
         )
