@@ -52,6 +52,7 @@ logger = logging.getLogger("distill_draft")
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "distill_prompts.txt"
 EVAL_EVERY = 8
+TRAIN_EVAL_EVERY = 64  # --eval-split train scores every 64th training sequence
 
 
 # ----------------------------------------------------------------------------- target and prompts
@@ -500,7 +501,10 @@ def decode_ms_per_token(model, prompt_ids: torch.Tensor, num_tokens: int) -> flo
 def run_eval(args, target_model) -> dict:
     """Stage 4: acceptance of the exported draft in --out-dir on held-out prompts, and batch-1 costs."""
     draft = load_distilled_draft(args.out_dir, target_model)
-    metrics = acceptance_stats(target_model, draft, load_records(args.work_dir, "eval"), args.eval_batch_size)
+    records = load_records(args.work_dir, args.eval_split)
+    if args.eval_split == "train":  # a sample of the training text, to measure over-fitting against
+        records = records[::TRAIN_EVAL_EVERY]
+    metrics = acceptance_stats(target_model, draft, records, args.eval_batch_size)
     if args.bench_tokens > 0:
         prompt = load_records(args.work_dir, "eval")[0]["input_ids"][None].long()
         metrics["target_ms_per_token"] = decode_ms_per_token(target_model, prompt, args.bench_tokens)
@@ -555,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="re-read the shards every N steps, to train while generate runs in another process; 0: never")
     # eval
     parser.add_argument("--eval-batch-size", type=int, default=4)
+    parser.add_argument("--eval-split", choices=["eval", "train"], default="eval",
+                        help="held-out sequences, or every 64th training sequence (to compare)")
     parser.add_argument("--bench-tokens", type=int, default=32, help="batch-1 decode steps timed per model; 0: skip")
     args = parser.parse_args(argv)
     args.stages = ["eval"] if args.eval_only else [s for s in args.stages.split(",") if s]
