@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 VERIFIER_METHODS = ("block", "token", "greedy")
+GAMMA_SCHEDULES = ("constant", "adaptive")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -227,8 +228,15 @@ class VerifierConfig:
 
     # `block` (Sun et al. 2024), `token` (Leviathan et al. 2023) or `greedy` (prefix match).
     method: str = "block"
-    # Draft block length g: tokens proposed per target call.
+    # Draft block length g: tokens proposed per target call (the starting g when adaptive).
     gamma: int = 4
+    # `constant`, or `adaptive`: per row, g grows by 2 after a fully kept block and shrinks by 1
+    # otherwise, within [1, max_gamma] (exact for every method).
+    gamma_schedule: str = "constant"
+    max_gamma: int = 8
+    # A row's block ends after the first draft token whose draft probability is below this
+    # (Hugging Face's assistant_confidence_threshold; exact for every method); 0 disables it.
+    draft_confidence_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         _require(
@@ -237,6 +245,19 @@ class VerifierConfig:
             "(e.g. verifier=block)",
         )
         _require(self.gamma >= 1, f"verifier.gamma must be >= 1, got {self.gamma}")
+        _require(
+            self.gamma_schedule in GAMMA_SCHEDULES,
+            f"verifier.gamma_schedule={self.gamma_schedule!r} is unknown; choose one of {GAMMA_SCHEDULES}",
+        )
+        _require(
+            self.gamma_schedule != "adaptive" or self.max_gamma >= self.gamma,
+            f"verifier.max_gamma ({self.max_gamma}) must be >= verifier.gamma ({self.gamma}) "
+            "with verifier.gamma_schedule=adaptive",
+        )
+        _require(
+            0.0 <= self.draft_confidence_threshold < 1.0,
+            f"verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), got {self.draft_confidence_threshold}",
+        )
 
 
 @dataclass

@@ -64,6 +64,14 @@ def _register_resolvers() -> None:
     # ${ds.asset:name}: a file shipped in distributed_spec/assets; ${ds.stem:path}: a file's stem.
     OmegaConf.register_new_resolver("ds.asset", lambda name: str(PACKAGE_DIR / "assets" / name), replace=True)
     OmegaConf.register_new_resolver("ds.stem", lambda path: Path(str(path)).stem, replace=True)
+    # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
+    # 4 up to 8, then "c0.4" when the draft's confidence stop is on.
+    OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
+
+
+def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold) -> str:
+    name = f"g{gamma}" if schedule == "constant" else f"g{gamma}a{max_gamma}"
+    return name + (f"c{confidence_threshold}" if confidence_threshold else "")
 
 
 _register_resolvers()
@@ -364,7 +372,11 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
             errors_done.num_records,
         )
     config = job.to_dict()
-    tags = [job.model.name, job.verifier.method, f"gamma={job.verifier.gamma}", job.parallel.runtime]
+    verifier = job.verifier
+    gamma_tag = f"gamma={verifier.gamma}" if verifier.gamma_schedule == "constant" else (
+        f"gamma=adaptive({verifier.gamma}..{verifier.max_gamma})"
+    )
+    tags = [job.model.name, verifier.method, gamma_tag, job.parallel.runtime]
     tracker = build_tracker(job.tracking, paths.root, config, tags)
     try:
         if generator is None:

@@ -8,7 +8,11 @@ Default pair: SmolLM2-135M-Instruct target with the bundled distilled draft (fal
 target's first 4 layers, with a warning, when the distilled draft is missing). Prompts:
 distributed_spec/assets/bench_prompts.jsonl (chat, code, summarisation; chat template applied).
 
-Reported per (temperature, gamma, method), mean and spread over seeds: block efficiency (tokens per
+Our speculative methods run with each draft-length policy of --draft-lengths (engine/draft_length.py):
+"<method>" a constant g; "<method>+adaptive" the adaptive schedule starting at g, capped by
+--max-gamma; "<method>+conf<t>" at most g drafts, a row's block ending after a draft token with draft
+probability < t (--confidence-threshold), the policy of Hugging Face assisted generation here. Reported per
+(temperature, gamma, method), mean and spread over seeds: block efficiency (tokens per
 target call, correction/bonus token counted), acceptance rate (accepted draft tokens / proposed),
 tokens/s and speedup over our autoregressive decoding of the same prompts in the same run. All wall-
 clock rows run at batch 1 (Hugging Face assisted generation cannot batch); a batch-size sweep of our
@@ -42,7 +46,7 @@ PAPER_BLOCK_OVER_TOKEN = {4: 1.035, 6: 1.06, 8: 1.083}
 class Measurement:
     temperature: float
     gamma: int
-    method: str  # autoregressive | token | block | greedy | hf_assisted
+    method: str  # autoregressive | token | block | greedy (each also "+adaptive") | hf_assisted
     batch_size: int
     block_efficiency: list[float] = field(default_factory=list)
     acceptance_rate: list[float] = field(default_factory=list)
@@ -83,10 +87,29 @@ def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str
     return [list(p) for p in prompts], [r["task"] for r in interleaved]
 
 
-def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, batch_size, eos_ids):
+def draft_length_options(label: str, gamma: int, max_gamma: int) -> tuple[str, dict]:
+    """"block+adaptive" -> ("block", engine options); "+conf0.4" sets the confidence stop."""
+    method, *policies = label.split("+")
+    options: dict = {}
+    for policy in policies:
+        if policy == "adaptive":
+            options.update(gamma_schedule="adaptive", max_gamma=max(max_gamma, gamma))
+        elif policy.startswith("conf"):
+            options["draft_confidence_threshold"] = float(policy.removeprefix("conf"))
+        else:
+            raise ValueError(f"unknown draft-length policy {policy!r} in {label!r}")
+    return method, options
+
+
+def run_engine(
+    target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, batch_size, eos_ids, max_gamma=8
+):
+    """One engine run; `method` may carry draft-length policies ("block+adaptive", "token+conf0.4")."""
+    method, options = draft_length_options(method, gamma, max_gamma)
     config = EngineConfig(
         method=method,
         gamma=gamma,
+        **options,
         sampling=SamplingParams(temperature=temperature),
         max_new_tokens=max_new_tokens,
         max_batch_size=batch_size,
@@ -118,11 +141,14 @@ class _CallCounter:
 
 def run_hf_assisted(target, draft, prompts, gamma, temperature, seed, max_new_tokens, eos_ids):
     """transformers `generate(assistant_model=...)`, batch 1 (it raises for larger batches): its own
-    defaults (heuristic draft-length schedule) with num_assistant_tokens = gamma; top-k/top-p off to
-    match our sampling."""
+    defaults with num_assistant_tokens = gamma, i.e. at most g drafts per target call, the drafting
+    ended early once the assistant's probability of its token is below assistant_confidence_threshold
+    (0.4; it only adapts when scikit-learn is installed); top-k/top-p off to match our sampling.
+    Acceptance = accepted drafts / drafted tokens (one assistant forward per drafted token)."""
     counter = _CallCounter(target.model)
+    draft_counter = _CallCounter(draft.model)
     num_tokens, start = 0, time.perf_counter()
-    num_proposed = num_accepted = 0
+    num_accepted = 0
     try:
         for index, prompt in enumerate(prompts):
             torch.manual_seed(seed * 100_003 + index)
@@ -148,9 +174,10 @@ def run_hf_assisted(target, draft, prompts, gamma, temperature, seed, max_new_to
             num_tokens += new_tokens
             # Every target call emits its accepted drafts plus one token.
             num_accepted += new_tokens - calls
-            num_proposed += calls * gamma
     finally:
         counter.remove()
+        draft_counter.remove()
+    num_proposed = draft_counter.count
     elapsed = time.perf_counter() - start
     return num_tokens / max(counter.count, 1), num_accepted / max(num_proposed, 1), num_tokens / elapsed
 
@@ -170,7 +197,7 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
     ]:
         fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4), squeeze=False)
         for ax, temperature in zip(axes[0], temperatures):
-            for method in ("block", "token", "greedy", "hf_assisted"):
+            for method in sorted({m.method for m in results if m.method != "autoregressive"}):
                 rows = sorted(
                     (m for m in results if m.method == method and m.temperature == temperature and m.batch_size == 1),
                     key=lambda m: m.gamma,
@@ -257,6 +284,15 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16], help="batch-size sweep of our engine")
     parser.add_argument("--sweep-gamma", type=int, default=4)
     parser.add_argument("--sweep-temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--draft-lengths", nargs="+", choices=["constant", "adaptive", "confidence"],
+        default=["constant", "adaptive", "confidence"], help="draft-length policies of our speculative methods",
+    )
+    parser.add_argument("--max-gamma", type=int, default=8, help="cap of the adaptive schedule")
+    parser.add_argument(
+        "--confidence-threshold", type=float, default=0.4,
+        help="the confidence policy's threshold (Hugging Face's default assistant_confidence_threshold)",
+    )
     parser.add_argument("--draft", choices=["distilled", "truncated"], default="distilled")
     parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -280,8 +316,10 @@ def main() -> None:
         return results[-1]
 
     common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids}
+    suffixes = {"constant": "", "adaptive": "+adaptive", "confidence": f"+conf{args.confidence_threshold}"}
     for temperature in args.temperatures:
-        methods = ["greedy"] if temperature == 0 else ["token", "block"]
+        verifiers = ["greedy"] if temperature == 0 else ["token", "block"]
+        methods = [verifier + suffixes[policy] for policy in args.draft_lengths for verifier in verifiers]
         # Temperature 0 draws no random numbers: every seed gives the same tokens, so one seed is run.
         for seed in args.seeds[:1] if temperature == 0 else args.seeds:
             be, acc, tps = run_engine(target, draft, prompts, "autoregressive", 1, temperature, seed, batch_size=1, **common)
@@ -289,7 +327,9 @@ def main() -> None:
             logger.info("T=%s seed=%d autoregressive: %.1f tokens/s", temperature, seed, tps)
             for gamma in args.gammas:
                 for method in methods:
-                    be, acc, tps = run_engine(target, draft, prompts, method, gamma, temperature, seed, batch_size=1, **common)
+                    be, acc, tps = run_engine(
+                        target, draft, prompts, method, gamma, temperature, seed, batch_size=1, max_gamma=args.max_gamma, **common
+                    )
                     measurement(temperature, gamma, method, 1).add(be, acc, tps)
                     logger.info("T=%s seed=%d g=%d %s: BE %.3f, %.1f tokens/s", temperature, seed, gamma, method, be, tps)
                 if not args.skip_hf:
@@ -302,9 +342,11 @@ def main() -> None:
         if batch_size == 1 and args.sweep_temperature in args.temperatures and args.sweep_gamma in args.gammas:
             continue  # already measured above
         for seed in args.seeds:
-            for method, gamma in [("autoregressive", 0), (sweep_method, args.sweep_gamma)]:
+            sweep_methods = [sweep_method + suffixes[policy] for policy in args.draft_lengths]
+            for method, gamma in [("autoregressive", 0)] + [(method, args.sweep_gamma) for method in sweep_methods]:
                 be, acc, tps = run_engine(
-                    target, draft, prompts, method, max(gamma, 1), args.sweep_temperature, seed, batch_size=batch_size, **common
+                    target, draft, prompts, method, max(gamma, 1), args.sweep_temperature, seed,
+                    batch_size=batch_size, max_gamma=args.max_gamma, **common
                 )
                 measurement(args.sweep_temperature, gamma, method, batch_size).add(be, acc, tps)
                 logger.info("B=%d seed=%d %s: %.1f tokens/s", batch_size, seed, method, tps)
@@ -317,7 +359,9 @@ def write_results(results, args, target, draft, prompts, final: bool = False) ->
     temperature too, so that an interrupted run keeps what it measured."""
     header = (
         f"target {target.name}, draft {draft.name}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
-        f"seeds {args.seeds} (T = 0: the first only), {args.threads} threads; mean ± std over seeds"
+        f"seeds {args.seeds} (T = 0: the first only), {args.threads} threads; mean ± std over seeds. "
+        f"+adaptive: g starts at the g column, adapts per row up to {args.max_gamma}; +conf<t>: at most g drafts, "
+        "a row's block ends after a draft token whose draft probability is below t"
     )
     table = markdown(results, header)
     (args.out / "results.md").write_text(table + "\n")

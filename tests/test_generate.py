@@ -59,6 +59,9 @@ def test_sample_prompts_are_valid_and_varied():
     "overrides, key",
     [
         (["verifier.gamma=0"], "verifier.gamma"),
+        (["verifier.gamma_schedule=heuristic"], "verifier.gamma_schedule"),
+        (["verifier.gamma_schedule=adaptive", "verifier.gamma=10"], "verifier.max_gamma"),
+        (["verifier.draft_confidence_threshold=1.0"], "verifier.draft_confidence_threshold"),
         (["verifier.method=beam"], "verifier.method"),
         (["parallel.tp_size=2"], "parallel.runtime"),
         (["parallel=ray", "parallel.wire_dtype=int3"], "parallel.wire_dtype"),
@@ -75,6 +78,20 @@ def test_sample_prompts_are_valid_and_varied():
 def test_bad_configuration_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _compose(overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "run_dir_name"),
+    [
+        ([], "block-g4-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=adaptive", "verifier.gamma=2"], "block-g2a8-t0.7-n128-s0"),
+        (["verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
+    ],
+)
+def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="generate", overrides=overrides, return_hydra_config=True)
+    assert Path(cfg.hydra.run.dir).name == run_dir_name
 
 
 def test_parallel_keys_mirror_the_ray_runtime_config():

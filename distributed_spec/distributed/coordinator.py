@@ -45,6 +45,7 @@ from distributed_spec.distributed.messages import DecodeSettings, StepRequest, S
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
+from distributed_spec.engine.draft_length import adapt_draft_lengths, next_draft_length, plan_step
 from distributed_spec.engine.speculative import append_tokens, prompt_budgets
 from distributed_spec.verify import draw_uniforms
 
@@ -108,6 +109,8 @@ class _Batch:
     row_stats: list[RowStats]
     # Active rows (prompt indices), in the order of the actors' batch rows.
     rows: list[int]
+    # Each prompt row's draft block length g for its next iteration (engine/draft_length.py).
+    gammas: list[int]
 
 
 class RayCoordinator:
@@ -220,7 +223,7 @@ class RayCoordinator:
         generator = torch.Generator().manual_seed(self.config.seed)
         self.timings = RuntimeTimings()
         results: list[GenerationResult] = []
-        stats = RunStats(gamma=self.config.gamma if self.config.uses_draft else 0)
+        stats = RunStats(gamma=self.config.gamma_limit)
         size = self.config.max_batch_size
         for start in range(0, len(prompts), size):
             batch_results, batch_stats = self._generate_batch(
@@ -237,7 +240,7 @@ class RayCoordinator:
     def _generate_batch(
         self, prompts: list[list[int]], budgets: list[int], generator: torch.Generator, tokenizer
     ) -> tuple[list[GenerationResult], RunStats]:
-        gamma = self.config.gamma if self.config.uses_draft else 0
+        gamma_limit = self.config.gamma_limit
         num_rows = len(prompts)
         batch = _Batch(
             prompts=prompts,
@@ -246,9 +249,12 @@ class RayCoordinator:
             finish_reasons=[None] * num_rows,
             row_stats=[RowStats() for _ in range(num_rows)],
             rows=list(range(num_rows)),
+            gammas=[self.config.gamma] * num_rows,
         )
         stats = RunStats(
-            gamma=gamma, num_proposed_per_position=[0] * gamma, num_accepted_per_position=[0] * gamma
+            gamma=gamma_limit,
+            num_proposed_per_position=[0] * gamma_limit,
+            num_accepted_per_position=[0] * gamma_limit,
         )
         start_time = time.perf_counter()
         while batch.rows:
@@ -312,9 +318,9 @@ class RayCoordinator:
             iteration_start = time.perf_counter()
             num_rows = len(batch.rows)
             remaining = [batch.budgets[row] - len(batch.outputs[row]) for row in batch.rows]
-            # Never propose more than any row can still emit (a row emits at most n + 1 tokens).
-            step_gamma = max(1, min(config.gamma, max(remaining) - 1)) if config.uses_draft else 0
-            num_draft_tokens = torch.tensor([max(0, min(step_gamma, budget - 1)) for budget in remaining])
+            row_gammas = [batch.gammas[row] for row in batch.rows]
+            step_gamma, num_draft_list = plan_step(row_gammas, remaining) if config.uses_draft else (0, [0] * num_rows)
+            num_draft_tokens = torch.tensor(num_draft_list)
             # Same order of draws as the engine: draft uniforms, then the verifier's.
             draft_uniforms = torch.rand(num_rows, step_gamma, generator=generator, dtype=torch.float64)
             uniforms = draw_uniforms(num_rows, step_gamma, generator)
@@ -333,13 +339,23 @@ class RayCoordinator:
             result_refs = [shard.score_and_verify.remote(block, request) for shard in actors.shards]
             if actors.draft is not None:
                 if self.runtime.overlap:
-                    actors.draft.propose_ahead.remote()
+                    actors.draft.propose_ahead.remote(
+                        _gamma_if_all_kept(row_gammas, remaining, num_draft_list, config)
+                    )
                 actors.draft.commit.remote(result_refs[0])
             submitted = time.perf_counter()
             result: StepResult = self._wait(result_refs, self.runtime.step_timeout_s)[0]
             answered = time.perf_counter()
 
-            keep = self._record(batch, stats, result, num_draft_tokens, tokenizer)
+            if config.uses_draft and config.gamma_schedule == "adaptive":
+                adapt_draft_lengths(
+                    batch.gammas,
+                    batch.rows,
+                    result.accepted_counts.tolist(),
+                    result.num_draft_tokens.tolist(),
+                    config.max_gamma,
+                )
+            keep = self._record(batch, stats, result, tokenizer)
             keep_rows = torch.tensor(keep, dtype=torch.long) if len(keep) < num_rows else None
             batch.rows = [batch.rows[index] for index in keep]
             stats.num_row_iterations += num_rows
@@ -355,14 +371,12 @@ class RayCoordinator:
             if self.on_iteration is not None:
                 self.on_iteration(timings.num_iterations)
 
-    def _record(
-        self, batch: _Batch, stats: RunStats, result: StepResult, num_draft_tokens: torch.Tensor, tokenizer
-    ) -> list[int]:
+    def _record(self, batch: _Batch, stats: RunStats, result: StepResult, tokenizer) -> list[int]:
         """Append each row's tokens, update the counters; return the indices of the rows that go on."""
         accepted_list = result.accepted_counts.tolist()
         next_list = result.next_tokens.tolist()
         draft_list = result.draft_ids.tolist()
-        num_draft_list = num_draft_tokens.tolist()
+        num_draft_list = result.num_draft_tokens.tolist()
         keep = []
         for index, row in enumerate(batch.rows):
             tau = accepted_list[index]
@@ -429,4 +443,27 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSe
     wire = WireFormat(
         dtype=runtime.wire_dtype, top_k=runtime.wire_top_k, send_probs=config.method != "greedy"
     )
-    return DecodeSettings(method=config.method, sampling=config.sampling, wire=wire)
+    return DecodeSettings(
+        method=config.method,
+        sampling=config.sampling,
+        wire=wire,
+        draft_confidence_threshold=config.draft_confidence_threshold,
+    )
+
+
+def _gamma_if_all_kept(
+    row_gammas: list[int], remaining: list[int], num_draft_tokens: list[int], config: EngineConfig
+) -> int:
+    """The next step's block length if every row keeps its whole block: the length to draft ahead.
+
+    Rows the block brings to their budget are left out. It can still miss (an EOS ends a row, a
+    confidence stop shortens the block); the draft worker then drops the block drafted ahead.
+    """
+    adaptive = config.gamma_schedule == "adaptive"
+    next_gammas, next_remaining = [], []
+    for gamma, budget, num_drafted in zip(row_gammas, remaining, num_draft_tokens):
+        left = budget - num_drafted - 1
+        if left >= 1:
+            next_remaining.append(left)
+            next_gammas.append(next_draft_length(gamma, num_drafted, num_drafted, config.max_gamma) if adaptive else gamma)
+    return plan_step(next_gammas, next_remaining)[0] if next_gammas else max(row_gammas)

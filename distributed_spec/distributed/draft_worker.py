@@ -36,14 +36,16 @@ def propose_on_wire(
     params: SamplingParams,
     draft_uniforms: torch.Tensor,
     wire: WireFormat,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    confidence_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """engine.steps.propose, sampling each X_i from q_i as the verifier will decode it.
 
     Args:
         draft_input_ids / draft_input_mask: [B, k] pending tokens, last column = Y.
         draft_uniforms: [B, g] float64.
     Returns:
-        draft_ids [B, g] long, probs values [B, g, V or k] (wire dtype), probs ids [B, g, k] or None.
+        draft_ids [B, g'] long, probs values [B, g', V or k] (wire dtype), probs ids [B, g', k] or
+        None, num_drafted [B] long (g' <= g and num_drafted < g' only with a confidence stop).
     """
     values, ids = [], []
 
@@ -53,9 +55,11 @@ def propose_on_wire(
         ids.append(step_ids)
         return sampled_probs
 
-    draft_ids, _ = propose(draft, draft_input_ids, draft_input_mask, gamma, params, draft_uniforms, to_sampled)
+    draft_ids, _, num_drafted = propose(
+        draft, draft_input_ids, draft_input_mask, gamma, params, draft_uniforms, to_sampled, confidence_threshold
+    )
     stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
-    return draft_ids, torch.stack(values, dim=1), stacked_ids
+    return draft_ids, torch.stack(values, dim=1), stacked_ids, num_drafted
 
 
 @dataclass
@@ -67,6 +71,8 @@ class _AheadBlock:
     # [B, g'] long.
     draft_ids: torch.Tensor
     block: DraftBlock
+    # The block length it was drafted for (g' < gamma after a confidence stop).
+    gamma: int
 
 
 class DraftWorker:
@@ -98,6 +104,7 @@ class DraftWorker:
     def prefill(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
         """Start a batch: cache prompt[:-1] of every row; the last prompt token is the first pending input."""
         self.sampling, self.wire = settings.sampling, settings.wire
+        self.confidence_threshold = settings.draft_confidence_threshold
         self.runner.prefill([prompt[:-1] for prompt in prompt_ids])
         self.input_ids = torch.tensor([[prompt[-1]] for prompt in prompt_ids], device=self.device)  # [B, 1]
         self.input_mask = torch.ones_like(self.input_ids)  # [B, 1]
@@ -117,24 +124,31 @@ class DraftWorker:
         if ahead is not None:
             self.draft_ids = ahead.draft_ids
             return ahead.block
-        draft_ids, values, ids = propose_on_wire(
-            self.runner, self.input_ids, self.input_mask, gamma, self.sampling, draft_uniforms, self.wire
+        draft_ids, values, ids, num_drafted = propose_on_wire(
+            self.runner,
+            self.input_ids,
+            self.input_mask,
+            gamma,
+            self.sampling,
+            draft_uniforms,
+            self.wire,
+            self.confidence_threshold,
         )
         self.draft_ids = draft_ids
-        block = self._pack(draft_ids, values, ids, time.perf_counter() - start)
+        block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.discarded_ahead_s = discarded_ahead_s
         return block
 
-    def propose_ahead(self) -> None:
-        """Draft block k+1 while block k is verified, assuming block k is accepted whole."""
+    def propose_ahead(self, gamma: int) -> None:
+        """Draft block k+1 (g tokens) while block k is verified, assuming block k is accepted whole."""
         start = time.perf_counter()
-        batch_size, gamma = self.draft_ids.shape
+        batch_size = self.draft_ids.shape[0]
         # Feed X_g (never fed by propose) to get q_{g+1}, then guess the bonus token from it.
         logits = self.runner.forward_tokens(self.draft_ids[:, -1:])[:, 0]  # [B, V]
         uniforms = torch.rand(batch_size, gamma + 1, generator=self.generator, dtype=torch.float64)
         sampled_probs, _, _ = sample_view(logits_to_probs(logits, self.sampling), self.wire)
         guess_ids = sample_from_probs(sampled_probs, uniforms[:, 0].to(sampled_probs.device))  # [B]
-        draft_ids, values, ids = propose_on_wire(
+        draft_ids, values, ids, num_drafted = propose_on_wire(
             self.runner,
             guess_ids[:, None],
             torch.ones_like(guess_ids[:, None]),
@@ -142,10 +156,11 @@ class DraftWorker:
             self.sampling,
             uniforms[:, 1:],
             self.wire,
+            self.confidence_threshold,
         )
-        block = self._pack(draft_ids, values, ids, time.perf_counter() - start)
+        block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.from_overlap = True
-        self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block)
+        self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block, gamma=gamma)
 
     def commit(self, result: StepResult) -> None:
         """Remember rank 0's verdict; it is applied at the next `propose`, which knows the kept rows."""
@@ -171,7 +186,7 @@ class DraftWorker:
                 hit = (accepted_counts == verified_gamma) & (next_tokens == ahead.guess_ids)  # [B]
                 kept_hit = hit if keep_rows is None else hit[keep_rows.to(self.device)]
                 # Host sync: whether the block drafted ahead is usable decides what to run next.
-                if bool(kept_hit.all()) and ahead.draft_ids.shape[1] == gamma:
+                if bool(kept_hit.all()) and ahead.gamma == gamma:
                     usable = ahead
                 else:
                     # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.
@@ -190,7 +205,12 @@ class DraftWorker:
         return usable
 
     def _pack(
-        self, draft_ids: torch.Tensor, values: torch.Tensor, ids: torch.Tensor | None, draft_s: float
+        self,
+        draft_ids: torch.Tensor,
+        values: torch.Tensor,
+        ids: torch.Tensor | None,
+        num_drafted: torch.Tensor,
+        draft_s: float,
     ) -> DraftBlock:
         send = self.wire.send_probs
         return DraftBlock(
@@ -199,6 +219,7 @@ class DraftWorker:
             probs_values=values.cpu() if send else None,
             probs_ids=ids.cpu() if send and ids is not None else None,
             vocab_size=self.runner.vocab_size,
+            num_drafted=num_drafted.cpu(),
             draft_s=draft_s,
             num_draft_calls=self.runner.num_forward_calls,
         )
@@ -210,11 +231,13 @@ def _select_rows(ahead: _AheadBlock, keep_rows: torch.Tensor) -> _AheadBlock:
     return _AheadBlock(
         guess_ids=ahead.guess_ids[keep_rows],
         draft_ids=ahead.draft_ids[keep_rows],
+        gamma=ahead.gamma,
         block=DraftBlock(
             draft_ids=block.draft_ids[cpu_rows],
             probs_values=None if block.probs_values is None else block.probs_values[cpu_rows],
             probs_ids=None if block.probs_ids is None else block.probs_ids[cpu_rows],
             vocab_size=block.vocab_size,
+            num_drafted=None if block.num_drafted is None else block.num_drafted[cpu_rows],
             draft_s=block.draft_s,
             from_overlap=True,
             num_draft_calls=block.num_draft_calls,

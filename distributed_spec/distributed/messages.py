@@ -18,6 +18,8 @@ class DecodeSettings:
     method: str
     sampling: SamplingParams
     wire: WireFormat
+    # The draft's confidence stop (EngineConfig.draft_confidence_threshold; 0: off).
+    draft_confidence_threshold: float = 0.0
 
 
 @dataclass
@@ -26,7 +28,8 @@ class StepRequest:
 
     # [B'] long indices of the rows that stay (finished rows leave), or None when all stay.
     keep_rows: torch.Tensor | None
-    # [B] long: n per row, draft tokens that row may verify (<= g; ragged near max_new_tokens).
+    # [B] long: n per row, draft tokens that row may verify (<= g; ragged near max_new_tokens);
+    # a row whose block the draft ended earlier (confidence stop) verifies only its own drafts.
     num_draft_tokens: torch.Tensor
     # [B, g] float64 in [0, 1): the verifier's eta (block/token verification), rank 0 reads them.
     eta: torch.Tensor
@@ -44,6 +47,8 @@ class StepResult:
     next_tokens: torch.Tensor
     # [B, g] long: the block that was verified (so the coordinator never fetches the block itself).
     draft_ids: torch.Tensor
+    # [B] long: draft tokens each row verified (the request's n, or fewer after a confidence stop).
+    num_draft_tokens: torch.Tensor
     # Seconds on rank 0: target forward (scoring g+1 positions), verification (decode q, verify,
     # broadcast the result, crop the KV cache).
     target_s: float = 0.0

@@ -113,6 +113,9 @@ class TargetShard:
             self.last_ids = self.last_ids[keep_rows]
         draft_ids = block.draft_ids.to(self.device)  # [B, g]
         gamma = draft_ids.shape[1]
+        num_draft_tokens = request.num_draft_tokens  # [B]
+        if block.num_drafted is not None:
+            num_draft_tokens = torch.minimum(num_draft_tokens, block.num_drafted)
         start = time.perf_counter()
         target_logits = score(self.runner, self.last_ids, draft_ids)  # [B, g+1, V]
         self._synchronize()
@@ -124,13 +127,13 @@ class TargetShard:
                 verdict[0].zero_()
                 verdict[1] = sample_autoregressive(target_logits, u, self.sampling)
             else:
-                uniforms = VerifyUniforms(eta=request.eta.to(self.device), u=u)
+                uniforms = VerifyUniforms(eta=request.eta[:, :gamma].to(self.device), u=u)
                 verified = verify_logits(
                     self.method,
                     draft_ids,
                     unpack_probs(block, self.device),
                     target_logits,
-                    request.num_draft_tokens.to(self.device),
+                    num_draft_tokens.to(self.device),
                     uniforms,
                     self.sampling,
                 )
@@ -148,6 +151,7 @@ class TargetShard:
             accepted_counts=accepted_counts.cpu(),
             next_tokens=next_tokens.cpu(),
             draft_ids=block.draft_ids,
+            num_draft_tokens=num_draft_tokens,
             target_s=scored - start,
             verify_s=time.perf_counter() - scored,
             draft_s=block.draft_s,

@@ -48,6 +48,8 @@ class DraftBlock:
     # [B, g, k] int32 vocabulary ids of probs_values (top-k only).
     probs_ids: torch.Tensor | None
     vocab_size: int
+    # [B] long: each row's block length (< g where the confidence stop ended it); None: all g.
+    num_drafted: torch.Tensor | None = None
     # Seconds the draft spent producing the block (forwards and sampling), for the timing split.
     draft_s: float = 0.0
     # True when the block was drafted ahead, during the previous verification (overlap hit).

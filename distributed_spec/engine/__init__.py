@@ -5,8 +5,9 @@
     results, stats = engine.generate_with_stats([[1, 2, 3], [4, 5]])   # list[GenerationResult], RunStats
 
 API:
-- EngineConfig(method="block"|"token"|"greedy"|"autoregressive", gamma, sampling=SamplingParams(...),
-  max_new_tokens, max_batch_size, seed, eos_token_ids, stop_strings, compact_fraction).
+- EngineConfig(method="block"|"token"|"greedy"|"autoregressive", gamma, gamma_schedule="constant"|"adaptive",
+  max_gamma, sampling=SamplingParams(...), max_new_tokens, max_batch_size, seed, eos_token_ids, stop_strings,
+  compact_fraction). The draft-length schedules are in draft_length.py.
 - SpeculativeEngine(target, draft | None, config, tokenizer=None)
     .generate(prompts_token_ids, tokenizer=None) -> list[GenerationResult]
     .generate_with_stats(...) -> (list[GenerationResult], RunStats)
@@ -19,8 +20,8 @@ API:
   forward_tokens(input_ids [B, n], input_mask [B, n]) -> logits [B, n, V],
   rollback(num_kept [B], num_new_slots), drop_rows(keep_rows [B']), compact().
 - Steps of one iteration (steps.py), the pieces the Ray coordinator replays:
-  propose(draft_runner, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms [B, g])
-      -> draft_ids [B, g], draft_probs [B, g, V]
+  propose(draft_runner, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms [B, g],
+          confidence_threshold=0.0) -> draft_ids [B, g'], draft_probs [B, g', V], num_drafted [B]
   score(target_runner, last_ids [B], draft_ids [B, g]) -> target_logits [B, g+1, V]
   distributed_spec.verify.verify_logits(method, ..., target_logits, ..., sampling) -> VerifyOutput
       (the fused Triton kernel on CUDA, the torch rules elsewhere)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from distributed_spec.engine.draft_length import GAMMA_SCHEDULES
 from distributed_spec.verify import VERIFY_METHODS, SamplingParams
 
 # "autoregressive" runs the target alone through the same loop: the baseline.
@@ -20,8 +21,16 @@ class EngineConfig:
 
     # Verifier: "block", "token", "greedy", or "autoregressive" (target only, no draft).
     method: str = "block"
-    # Draft block length g: tokens the draft proposes per iteration (ignored by "autoregressive").
+    # Draft block length g: tokens the draft proposes per iteration (ignored by "autoregressive");
+    # the starting g of every row under the "adaptive" schedule.
     gamma: int = 4
+    # "constant" (g = gamma throughout) or "adaptive" (per row: +2 after a fully kept block, -1
+    # otherwise, within [1, max_gamma]; see draft_length.py).
+    gamma_schedule: str = "constant"
+    # The largest g the "adaptive" schedule reaches.
+    max_gamma: int = 8
+    # A row's block ends after the first draft token whose draft probability is below this (0: off).
+    draft_confidence_threshold: float = 0.0
     # Warping applied to draft and target logits alike (temperature 0 = greedy).
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Tokens to generate per prompt at most (finish_reason "length" when reached).
@@ -45,6 +54,20 @@ class EngineConfig:
             raise ValueError(f"engine.method must be one of {ENGINE_METHODS}, got {self.method!r}")
         if self.method != "autoregressive" and self.gamma < 1:
             raise ValueError(f"engine.gamma (draft block length) must be >= 1, got {self.gamma}")
+        if self.gamma_schedule not in GAMMA_SCHEDULES:
+            raise ValueError(
+                f"engine.gamma_schedule must be one of {GAMMA_SCHEDULES}, got {self.gamma_schedule!r}"
+            )
+        if self.gamma_schedule == "adaptive" and self.max_gamma < self.gamma:
+            raise ValueError(
+                f"engine.max_gamma ({self.max_gamma}) must be >= engine.gamma ({self.gamma}), the adaptive "
+                "schedule's starting block length"
+            )
+        if not 0.0 <= self.draft_confidence_threshold < 1.0:
+            raise ValueError(
+                f"engine.draft_confidence_threshold must be in [0, 1) (0 disables it), "
+                f"got {self.draft_confidence_threshold}"
+            )
         if self.max_new_tokens < 1:
             raise ValueError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_batch_size < 1:
@@ -59,6 +82,13 @@ class EngineConfig:
     @property
     def uses_draft(self) -> bool:
         return self.method != "autoregressive"
+
+    @property
+    def gamma_limit(self) -> int:
+        """The longest block any iteration drafts (0 without a draft)."""
+        if not self.uses_draft:
+            return 0
+        return self.max_gamma if self.gamma_schedule == "adaptive" else self.gamma
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedModel
 
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
+from distributed_spec.engine.draft_length import adapt_draft_lengths, plan_step
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.steps import (
     commit_draft,
@@ -66,6 +67,8 @@ class _Batch:
     # Active row i is prompt rows[i] of the batch; finished rows leave every per-row tensor.
     rows: list[int]
     budgets: list[int]
+    # Each prompt row's draft block length g for its next iteration (draft_length.py).
+    gammas: list[int]
     outputs: list[list[int]]
     finish_reasons: list[str | None]
     row_stats: list[RowStats]
@@ -76,11 +79,12 @@ class _Batch:
     draft_input_mask: torch.Tensor
 
     @classmethod
-    def start(cls, prompts: list[list[int]], budgets: list[int], device: torch.device) -> _Batch:
+    def start(cls, prompts: list[list[int]], budgets: list[int], gamma: int, device: torch.device) -> _Batch:
         last_ids = torch.tensor([prompt[-1] for prompt in prompts], dtype=torch.long, device=device)
         return cls(
             rows=list(range(len(prompts))),
             budgets=budgets,
+            gammas=[gamma] * len(prompts),
             outputs=[[] for _ in prompts],
             finish_reasons=[None] * len(prompts),
             row_stats=[RowStats() for _ in prompts],
@@ -162,7 +166,7 @@ class SpeculativeEngine:
         budgets = self._check_prompts(prompts)
         generator = torch.Generator().manual_seed(self.config.seed)
         results: list[GenerationResult] = []
-        stats = RunStats(gamma=self.config.gamma if self.config.uses_draft else 0)
+        stats = RunStats(gamma=self.config.gamma_limit)
         batch_size = self.config.max_batch_size
         for start in range(0, len(prompts), batch_size):
             batch_results, batch_stats = self._generate_batch(
@@ -189,9 +193,11 @@ class SpeculativeEngine:
         tokenizer,
     ) -> tuple[list[GenerationResult], RunStats]:
         """Decode one batch to the end: prefill, then step / record / drop finished rows until none is left."""
-        gamma = self.config.gamma if self.config.uses_draft else 0
+        gamma_limit = self.config.gamma_limit
         stats = RunStats(
-            gamma=gamma, num_proposed_per_position=[0] * gamma, num_accepted_per_position=[0] * gamma
+            gamma=gamma_limit,
+            num_proposed_per_position=[0] * gamma_limit,
+            num_accepted_per_position=[0] * gamma_limit,
         )
         watch = _Stopwatch(self.device)
         start_time = time.perf_counter()
@@ -199,10 +205,10 @@ class SpeculativeEngine:
             self._prefill(prompts, stats)
         target_calls_before = self.target_runner.num_forward_calls
         draft_calls_before = self.draft_runner.num_forward_calls if self.draft_runner else 0
-        batch = _Batch.start(prompts, budgets, self.device)
+        batch = _Batch.start(prompts, budgets, self.config.gamma, self.device)
         while batch.rows:
             if self.config.uses_draft:
-                step = self._speculative_step(batch, gamma, generator, watch)
+                step = self._speculative_step(batch, generator, watch)
             else:
                 step = self._autoregressive_step(batch, generator, watch)
             keep = self._record(batch, step, stats, tokenizer)
@@ -224,46 +230,50 @@ class SpeculativeEngine:
             results.append(GenerationResult(token_ids=output, finish_reason=reason, stats=row_stats))
         return results, stats
 
-    def _speculative_step(
-        self, batch: _Batch, gamma: int, generator: torch.Generator, watch: _Stopwatch
-    ) -> _StepResult:
+    def _speculative_step(self, batch: _Batch, generator: torch.Generator, watch: _Stopwatch) -> _StepResult:
         """propose -> score -> verify -> commit for every active row."""
         config = self.config
         remaining = [batch.budgets[row] - len(batch.outputs[row]) for row in batch.rows]
-        # Never propose more than any row can still emit (a row emits at most n + 1 tokens).
-        step_gamma = max(1, min(gamma, max(remaining) - 1))
-        num_draft_list = [min(step_gamma, budget - 1) for budget in remaining]
-        num_draft_tokens = torch.tensor(num_draft_list, dtype=torch.long, device=self.device)  # [B]
+        step_gamma, planned = plan_step([batch.gammas[row] for row in batch.rows], remaining)
         draft_uniforms = torch.rand(len(batch.rows), step_gamma, generator=generator, dtype=torch.float64)
         uniforms = draw_uniforms(len(batch.rows), step_gamma, generator)
-        uniforms = VerifyUniforms(eta=uniforms.eta.to(self.device), u=uniforms.u.to(self.device))
         with watch.section("draft"):
-            draft_ids, draft_probs = propose(
+            draft_ids, draft_probs, num_drafted = propose(
                 self.draft_runner,
                 batch.draft_input_ids,
                 batch.draft_input_mask,
                 step_gamma,
                 config.sampling,
                 draft_uniforms,
+                confidence_threshold=config.draft_confidence_threshold,
             )
+        # A confidence stop may end the block early: g' <= step_gamma columns, n[b] <= g' per row.
+        block_gamma = draft_ids.shape[1]
+        num_draft_tokens = torch.minimum(torch.tensor(planned, device=self.device), num_drafted)  # [B]
+        uniforms = VerifyUniforms(eta=uniforms.eta[:, :block_gamma].to(self.device), u=uniforms.u.to(self.device))
         with watch.section("target"):
             target_logits = score(self.target_runner, batch.last_ids, draft_ids)
         with watch.section("verify"):
             verified = verify_logits(
                 config.method, draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, config.sampling
             )
-        commit_target(self.target_runner, verified.accepted_counts, step_gamma)
+        commit_target(self.target_runner, verified.accepted_counts, block_gamma)
         batch.draft_input_ids, batch.draft_input_mask = commit_draft(
             self.draft_runner, draft_ids, verified.accepted_counts, verified.next_tokens
         )
         batch.last_ids = verified.next_tokens
         # Host sync: the emitted tokens are needed on the host to check EOS, stop strings and length.
-        return _StepResult(
+        step = _StepResult(
             accepted_counts=verified.accepted_counts.tolist(),
             draft_ids=draft_ids.tolist(),
-            num_draft_tokens=num_draft_list,
+            num_draft_tokens=num_draft_tokens.tolist(),
             next_tokens=verified.next_tokens.tolist(),
         )
+        if config.gamma_schedule == "adaptive":
+            adapt_draft_lengths(
+                batch.gammas, batch.rows, step.accepted_counts, step.num_draft_tokens, config.max_gamma
+            )
+        return step
 
     def _autoregressive_step(
         self, batch: _Batch, generator: torch.Generator, watch: _Stopwatch

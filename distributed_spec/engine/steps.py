@@ -12,6 +12,8 @@ so its pending input is `draft_input_ids` [B, 2] = [X_g or padding, Y] with `dra
 One iteration (g draft tokens, n[b] <= g of them verified in row b):
 1. propose: the draft feeds its pending input, then samples X_1..X_g one at a time from its warped
    probabilities q (feeding X_1..X_{g-1}); its cache gains the pending slots (kept) + g-1 slots.
+   With a confidence stop, g here is the longest row's block (draft_length.py); shorter rows
+   verify only their own n[b] drafts.
 2. score: the target feeds [Y, X_1..X_g] in ONE forward: p_1..p_{g+1}; its cache gains g+1 slots.
 3. verify (distributed_spec.verify): tau[b] accepted drafts and the next token Y'[b].
 4. commit: the target keeps 1 + tau of its g+1 new slots; the draft keeps min(tau, g-1) of its
@@ -24,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from distributed_spec.engine.draft_length import draft_confidence
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
 
@@ -36,8 +39,9 @@ def propose(
     params: SamplingParams,
     draft_uniforms: torch.Tensor,
     to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft proposes g tokens autoregressively.
+    confidence_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft proposes up to g tokens autoregressively.
 
     Args:
         draft_input_ids: [B, k] pending tokens (already kept), last column = Y.
@@ -46,10 +50,15 @@ def propose(
         to_sampled: maps each step's q_i [B, V] to the distribution actually sampled and verified
             (e.g. q rounded to the precision it is sent in, so verification stays exact); identity
             when None.
+        confidence_threshold: a row's block ends after the first X_i with draft_confidence < this;
+            drafting stops once every row's block has ended (0 disables: always g tokens).
     Returns:
-        draft_ids [B, g] long, draft_probs [B, g, V] float32 (q_i, warped, after to_sampled).
+        draft_ids [B, g'] long, draft_probs [B, g', V] float32 (q_i, warped, after to_sampled), with
+        g' <= g the longest block; num_drafted [B] long, each row's block length (<= g').
     """
     logits = draft.forward_tokens(draft_input_ids, draft_input_mask, num_logits=1)[:, -1]  # [B, V]
+    num_drafted = torch.full((logits.shape[0],), gamma, dtype=torch.long, device=logits.device)  # [B]
+    drafting = torch.ones_like(num_drafted, dtype=torch.bool)  # [B]
     draft_ids, draft_probs = [], []
     for i in range(gamma):
         probs = logits_to_probs(logits, params)  # [B, V]
@@ -58,9 +67,16 @@ def propose(
         token_ids = sample_from_probs(probs, draft_uniforms[:, i].to(probs.device))  # [B]
         draft_ids.append(token_ids)
         draft_probs.append(probs)
+        if confidence_threshold > 0 and i < gamma - 1:
+            ends = drafting & (draft_confidence(logits, probs, token_ids, params) < confidence_threshold)
+            num_drafted = torch.where(ends, i + 1, num_drafted)
+            drafting &= ~ends
+            # Host sync: no further draft forward once every row's block has ended.
+            if not bool(drafting.any()):
+                break
         if i < gamma - 1:
             logits = draft.forward_tokens(token_ids[:, None])[:, 0]
-    return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1)
+    return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1), num_drafted
 
 
 def score(target: ModelRunner, last_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -82,13 +82,19 @@ def test_tp2_logits_equal_tp1_logits(tp2):
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
 
 
+ADAPTIVE = {"gamma_schedule": "adaptive"}
+CONFIDENCE_STOP = {"draft_confidence_threshold": 0.3}
+
+
 @pytest.mark.parametrize(
-    ("method", "wire_dtype", "wire_top_k", "overlap"),
-    [("block", "float32", 0, False), ("greedy", "float32", 0, False), ("block", "bfloat16", 0, True),
-     ("token", "float16", 8, True)],
+    ("method", "wire_dtype", "wire_top_k", "overlap", "draft_length"),
+    [("block", "float32", 0, False, {}), ("greedy", "float32", 0, False, {}),
+     ("block", "bfloat16", 0, True, {}), ("token", "float16", 8, True, {}),
+     ("block", "float32", 0, False, ADAPTIVE), ("block", "bfloat16", 0, True, ADAPTIVE),
+     ("block", "float32", 0, False, CONFIDENCE_STOP), ("token", "bfloat16", 0, True, {**ADAPTIVE, **CONFIDENCE_STOP})],
 )
-def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, overlap):
-    tp2.config = replace(GREEDY, method=method)
+def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, overlap, draft_length):
+    tp2.config = replace(GREEDY, method=method, **draft_length)
     tp2.runtime = replace(RUNTIME, wire_dtype=wire_dtype, wire_top_k=wire_top_k, overlap=overlap)
     results, stats = tp2.generate_with_stats(PROMPTS)
     reference, reference_stats = engine_results(tp2.config)
@@ -96,7 +102,8 @@ def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, 
     assert [r.finish_reason for r in results] == [r.finish_reason for r in reference]
     assert all(len(r.token_ids) == GREEDY.max_new_tokens for r in results)
     if overlap:
-        # One row: the block drafted ahead is used whenever its block and bonus guess were right.
+        # One row: the block drafted ahead is used whenever its block and bonus guess were right
+        # (under "adaptive", only if it was drafted at the next step's longer g).
         single = tp2.generate(PROMPTS[:1])
         assert single[0].token_ids == reference[0].token_ids
         assert tp2.timings.num_overlap_hits > 0
@@ -105,9 +112,10 @@ def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, 
         assert stats.num_target_calls == reference_stats.num_target_calls
 
 
-def test_sampling_replays_the_engine_exactly_without_overlap(tp2):
+@pytest.mark.parametrize("draft_length", [{}, ADAPTIVE, {"draft_confidence_threshold": 0.3}])
+def test_sampling_replays_the_engine_exactly_without_overlap(tp2, draft_length):
     """Same seed, same order of uniforms: the same tokens as the engine, not just the same law."""
-    tp2.config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=3)
+    tp2.config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=3, **draft_length)
     tp2.runtime = RUNTIME
     results = tp2.generate(PROMPTS)
     reference, _ = engine_results(tp2.config)

@@ -63,9 +63,16 @@ def chi_square_p_value(samples: list[list[int]], probs: np.ndarray) -> float:
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
-def sample_first_tokens(target, draft, method: str, gamma: int, seed: int) -> list[list[int]]:
+def sample_first_tokens(
+    target, draft, method: str, gamma: int, seed: int, batch_size: int = NUM_SAMPLES, **options
+) -> list[list[int]]:
     config = EngineConfig(
-        method=method, gamma=gamma, max_new_tokens=NUM_TOKENS, max_batch_size=NUM_SAMPLES, seed=seed
+        method=method,
+        gamma=gamma,
+        **options,
+        max_new_tokens=NUM_TOKENS,
+        max_batch_size=batch_size,
+        seed=seed,
     )
     results = SpeculativeEngine(target, draft, config).generate([PROMPT] * NUM_SAMPLES)
     return [result.token_ids for result in results]
@@ -88,6 +95,33 @@ def test_first_tokens_follow_the_target_distribution(small_vocab_pair, method, g
     if method != "autoregressive":
         # Power check: the draft's own distribution is clearly rejected by the same test.
         assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
+
+
+@pytest.mark.parametrize("method", ["block", "token"])
+def test_adaptive_draft_length_keeps_the_target_distribution(small_vocab_pair, method):
+    """g starts at 1 and becomes 3 after a kept draft, 1 after a rejection: the second block's length
+    depends on the first block's outcome. Batches of 32 rows, so the rows' histories set each step's g."""
+    target, draft = small_vocab_pair
+    samples = sample_first_tokens(target, draft, method, 1, seed=2000, batch_size=32, gamma_schedule="adaptive")
+    assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
+
+
+@pytest.mark.parametrize("method", ["block", "token"])
+def test_confidence_stop_keeps_the_target_distribution(small_vocab_pair, method):
+    """g = 3; a row's block ends after any draft token with q_i(X_i) < 0.15: about half the first blocks."""
+    target, draft = small_vocab_pair
+    config = EngineConfig(
+        method=method, gamma=3, max_new_tokens=NUM_TOKENS, max_batch_size=NUM_SAMPLES, seed=3000,
+        draft_confidence_threshold=0.15,
+    )
+    results, stats = SpeculativeEngine(target, draft, config).generate_with_stats([PROMPT] * NUM_SAMPLES)
+    samples = [result.token_ids for result in results]
+    assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
+    # Both kinds of first block occurred: ended after X_1, and run on to X_2 (the budget's limit).
+    first_blocks, second_drafts = stats.num_proposed_per_position[0], stats.num_proposed_per_position[1]
+    assert 0.2 * NUM_SAMPLES < second_drafts < 0.8 * NUM_SAMPLES < first_blocks
 
 
 def test_block_efficiency_of_block_at_least_token(small_vocab_pair):

@@ -24,14 +24,22 @@ def autoregressive_outputs(tiny_pair):
     return {batch_size: engine.generate(prompts) for batch_size, prompts in PROMPTS.items()}
 
 
+@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 @pytest.mark.parametrize("method", VERIFY_METHODS)
 def test_greedy_speculative_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, gamma, batch_size
+    tiny_pair, autoregressive_outputs, method, gamma, batch_size, gamma_schedule
 ):
     target, draft = tiny_pair
-    config = EngineConfig(method=method, gamma=gamma, sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    config = EngineConfig(
+        method=method,
+        gamma=gamma,
+        gamma_schedule=gamma_schedule,
+        max_gamma=6,
+        sampling=GREEDY,
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
     results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[batch_size])
     expected = autoregressive_outputs[batch_size]
     assert [result.token_ids for result in results] == [result.token_ids for result in expected]
@@ -39,9 +47,36 @@ def test_greedy_speculative_equals_greedy_autoregressive(
         len(result.token_ids) == MAX_NEW_TOKENS and result.finish_reason == "length" for result in results
     )
     # The draft agrees sometimes, but not always: both accept and reject paths were exercised.
-    assert 1.0 < stats.block_efficiency < gamma + 1
+    assert 1.0 < stats.block_efficiency < config.gamma_limit + 1
     assert 0 < sum(stats.num_accepted_per_position) < sum(stats.num_proposed_per_position)
     assert stats.num_tokens == batch_size * MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
+@pytest.mark.parametrize("method", VERIFY_METHODS)
+def test_greedy_with_the_confidence_stop_equals_greedy_autoregressive(
+    tiny_pair, autoregressive_outputs, method, gamma_schedule
+):
+    """Blocks the draft ends early (its probability of its own token < 0.1) still give the target's tokens."""
+    target, draft = tiny_pair
+    config = EngineConfig(
+        method=method,
+        gamma=5,
+        gamma_schedule=gamma_schedule,
+        sampling=GREEDY,
+        max_new_tokens=MAX_NEW_TOKENS,
+        draft_confidence_threshold=0.1,
+    )
+    results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[4])
+    assert [result.token_ids for result in results] == [result.token_ids for result in autoregressive_outputs[4]]
+    _, full_blocks = SpeculativeEngine(
+        target, draft, EngineConfig(method=method, gamma=5, gamma_schedule=gamma_schedule, sampling=GREEDY,
+                                    max_new_tokens=MAX_NEW_TOKENS)
+    ).generate_with_stats(PROMPTS[4])
+    # The stop ended some blocks early, not all: fewer drafts verified, fewer draft forwards run.
+    assert 0 < stats.num_proposed_per_position[1] < stats.num_proposed_per_position[0]
+    assert sum(stats.num_proposed_per_position) < sum(full_blocks.num_proposed_per_position)
+    assert stats.num_draft_calls < full_blocks.num_draft_calls
 
 
 def test_autoregressive_stats_count_one_target_call_per_token(tiny_pair, autoregressive_outputs):

@@ -32,7 +32,9 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
     assert len(runs) == 1
     offline = wait_for_offline_run(runs[0])
     assert offline.complete
-    assert offline.config["verifier"] == {"method": "token", "gamma": 2}
+    assert offline.config["verifier"] == {
+        "method": "token", "gamma": 2, "gamma_schedule": "constant", "max_gamma": 8, "draft_confidence_threshold": 0.0
+    }
     assert offline.config["sampling"]["max_new_tokens"] == 4
     assert {"unit", "token", "gamma=2", "local"} <= set(offline.tags)
     metric_rows = [row for row in offline.history if "tokens_per_s" in row]

@@ -60,45 +60,60 @@ def block_h(p_on: list[float], q_on: list[float], p_next: list[Dist], q_next: li
     return h, rs
 
 
-def iteration_outcomes(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> dict:
-    """Exact distribution of one iteration: {(tau, emitted tokens tuple): probability}."""
+# A draft-side stop: given context + X_1..X_i, whether the block ends after X_i.
+StopRule = Callable[[tuple[int, ...]], bool]
+
+
+def iteration_outcomes(
+    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, stop: StopRule | None = None
+) -> dict:
+    """Exact distribution of one iteration: {(tau, emitted tokens tuple): probability}.
+
+    With `stop`, the block is X_1..X_L for the first L < gamma at which stop(context + X_1..X_L)
+    holds (else L = gamma), and is verified as a block of length L.
+    """
     vocab_size = len(p(context))
     outcomes: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
-    for draft in itertools.product(range(vocab_size), repeat=gamma):
-        prefixes = [context + draft[:i] for i in range(gamma + 1)]
-        p_dists = [p(pre) for pre in prefixes]  # p_1..p_{g+1}
-        q_dists = [q(pre) for pre in prefixes[:gamma]]  # q_1..q_g
+    for full_draft in itertools.product(range(vocab_size), repeat=gamma):
+        # The tokens after a stop are never drafted: their probabilities sum to 1 over this loop.
         draft_prob = 1.0
-        for i, x in enumerate(draft):
-            draft_prob *= q_dists[i][x]
+        for i, x in enumerate(full_draft):
+            draft_prob *= q(context + full_draft[:i])[x]
         if draft_prob == 0.0:
             continue
+        length = next(
+            (i for i in range(1, gamma) if stop is not None and stop(context + full_draft[:i])), gamma
+        )
+        draft = full_draft[:length]
+        prefixes = [context + draft[:i] for i in range(length + 1)]
+        p_dists = [p(pre) for pre in prefixes]  # p_1..p_{L+1}
+        q_dists = [q(pre) for pre in prefixes[:length]]  # q_1..q_L
         p_on = [p_dists[i][x] for i, x in enumerate(draft)]
         q_on = [q_dists[i][x] for i, x in enumerate(draft)]
         if method == "block":
-            h, rs = block_h(p_on, q_on, p_dists[1:gamma], q_dists[1:gamma])
+            h, rs = block_h(p_on, q_on, p_dists[1:length], q_dists[1:length])
             tau_probs = []
-            for i in range(gamma + 1):
+            for i in range(length + 1):
                 prob = 1.0 if i == 0 else h[i - 1]
-                for j in range(i + 1, gamma + 1):
+                for j in range(i + 1, length + 1):
                     prob *= 1.0 - h[j - 1]
                 tau_probs.append(prob)
             scales = [1.0] + rs
         elif method in ("token", "lossy"):
             tau_probs, reach = [], 1.0
-            for i in range(gamma):
+            for i in range(length):
                 accept = min(1.0, p_on[i] / q_on[i])
                 tau_probs.append(reach * (1.0 - accept))
                 reach *= accept
             tau_probs.append(reach)
-            scales = [1.0] * (gamma + 1)
+            scales = [1.0] * (length + 1)
         else:
             raise ValueError(method)
         for tau, tau_prob in enumerate(tau_probs):
             if tau_prob == 0.0:
                 continue
-            if tau == gamma:
-                y_dist = p_dists[gamma]
+            if tau == length:
+                y_dist = p_dists[length]
             elif method == "lossy":
                 # A control that must fail the lossless check: the correction drawn from p itself.
                 y_dist = p_dists[tau]
@@ -112,10 +127,12 @@ def iteration_outcomes(method: str, p: Table, q: Table, context: tuple[int, ...]
     return dict(outcomes)
 
 
-def emitted_distribution(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> dict:
+def emitted_distribution(
+    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, stop: StopRule | None = None
+) -> dict:
     """{emitted tokens tuple: probability} of one iteration."""
     emitted: dict[tuple[int, ...], float] = defaultdict(float)
-    for (_, tokens), prob in iteration_outcomes(method, p, q, context, gamma).items():
+    for (_, tokens), prob in iteration_outcomes(method, p, q, context, gamma, stop).items():
         emitted[tokens] += prob
     return dict(emitted)
 
@@ -126,14 +143,25 @@ def expected_accepted(method: str, p: Table, q: Table, context: tuple[int, ...],
 
 
 def speculative_sequence_distribution(
-    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, length: int
+    method: str,
+    p: Table,
+    q: Table,
+    context: tuple[int, ...],
+    gamma: int | Callable[[tuple[int, ...]], int],
+    length: int,
+    stop: StopRule | None = None,
 ) -> dict[tuple[int, ...], float]:
-    """Exact distribution of the first `length` generated tokens over repeated iterations."""
+    """Exact distribution of the first `length` generated tokens over repeated iterations.
+
+    `gamma` may be a function of the context so far (a draft-length schedule that depends on what
+    was generated before the iteration).
+    """
     memo: dict[tuple[int, ...], dict] = {}
 
     def step(ctx: tuple[int, ...]) -> dict:
         if ctx not in memo:
-            memo[ctx] = emitted_distribution(method, p, q, ctx, gamma)
+            block_length = gamma(ctx) if callable(gamma) else gamma
+            memo[ctx] = emitted_distribution(method, p, q, ctx, block_length, stop)
         return memo[ctx]
 
     result: dict[tuple[int, ...], float] = defaultdict(float)

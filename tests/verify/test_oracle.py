@@ -1,5 +1,6 @@
 """The algorithms themselves, checked exactly by enumeration (tests/verify/oracle.py)."""
 
+import itertools
 from fractions import Fraction
 
 import pytest
@@ -25,6 +26,37 @@ def test_lossless_sequence_distribution(method, vocab_size, gamma, length):
         target = oracle.target_sequence_distribution(p, context, length)
         assert abs(sum(speculative.values()) - 1.0) < 1e-9
         assert oracle.total_variation(speculative, target) < 1e-9
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("rule", ["confidence", "last_token", "context_hash"])
+def test_lossless_with_draft_side_stops(method, rule):
+    """Blocks that end early on a rule of the drafted prefix, as the engine's confidence stop does
+    (q_i(X_i) < threshold), are still lossless for both verifiers."""
+    for seed in range(3):
+        p = oracle.RandomTable(4, seed=300 + seed, concentration=0.5)
+        q = oracle.RandomTable(4, seed=400 + seed, concentration=0.5)
+        stop = {
+            "confidence": lambda prefix, q=q: q(prefix[:-1])[prefix[-1]] < 0.5,
+            "last_token": lambda prefix: prefix[-1] == 1,
+            "context_hash": lambda prefix: hash(prefix) % 3 == 0,
+        }[rule]
+        target = oracle.target_sequence_distribution(p, (0,), 3)
+        for gamma in (2, 3, 4):
+            speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), gamma, 3, stop)
+            assert oracle.total_variation(speculative, target) < 1e-9
+        # The rule does end some blocks early (else this test would only repeat the one above).
+        ends = [stop((0,) + prefix) for n in (1, 2) for prefix in itertools.product(range(4), repeat=n)]
+        assert 0 < sum(ends) < len(ends)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_lossless_with_a_history_dependent_block_length(method):
+    """g chosen per iteration from what was generated before it (the adaptive schedule's kind of rule)."""
+    p = oracle.RandomTable(3, seed=500, concentration=0.7)
+    q = oracle.RandomTable(3, seed=600, concentration=0.7)
+    speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), lambda ctx: 1 + sum(ctx) % 3, 4)
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
 
 
 def test_oracle_detects_a_lossy_verifier():

@@ -1,0 +1,89 @@
+"""The draft-length schedules: the adaptive rule, the step plan, and exactness under adaptation.
+
+    .venv/bin/python -m pytest tests/engine/test_draft_length.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed_spec import config as job_config
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.draft_length import (
+    GAMMA_SCHEDULES,
+    adapt_draft_lengths,
+    next_draft_length,
+    plan_step,
+)
+from distributed_spec.verify import SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("gamma", "num_accepted", "num_drafted", "expected"),
+    [
+        (4, 4, 4, 6),  # whole block kept: +2
+        (7, 7, 7, 8),  # ... up to max_gamma
+        (8, 8, 8, 8),
+        (4, 3, 4, 3),  # a rejection: -1
+        (1, 0, 1, 1),  # ... down to 1
+        (2, 2, 6, 4),  # a longer row set the step's length: its own 2 drafts were kept
+        (2, 1, 6, 1),
+        (4, 2, 2, 6),  # its budget clipped the block to 2 drafts, both kept
+    ],
+)
+def test_adaptive_rule(gamma, num_accepted, num_drafted, expected):
+    assert next_draft_length(gamma, num_accepted, num_drafted, max_gamma=8) == expected
+
+
+def test_adapt_updates_active_rows_by_prompt_index():
+    gammas = [4, 4, 4, 4]
+    adapt_draft_lengths(gammas, rows=[3, 1], accepted_counts=[4, 0], num_draft_tokens=[4, 4], max_gamma=8)
+    assert gammas == [4, 3, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("row_gammas", "remaining", "expected"),
+    [
+        ([4], [100], (4, [4])),
+        ([2, 6, 3], [100, 100, 100], (6, [6, 6, 6])),  # the longest row's g for every row
+        ([6, 6], [100, 3], (6, [6, 2])),  # a row never verifies drafts past its budget
+        ([6, 6], [4, 2], (3, [3, 1])),  # nor does the step draft past every row's budget
+        ([6], [1], (1, [0])),  # the last token of a row: no drafts to verify
+    ],
+)
+def test_plan_step(row_gammas, remaining, expected):
+    assert plan_step(row_gammas, remaining) == expected
+
+
+def test_job_config_knows_the_same_schedules():
+    assert job_config.GAMMA_SCHEDULES == GAMMA_SCHEDULES
+
+
+def test_bad_schedule_settings_fail_with_the_field_name():
+    with pytest.raises(ValueError, match="engine.gamma_schedule"):
+        EngineConfig(gamma_schedule="heuristic")
+    with pytest.raises(ValueError, match="engine.max_gamma"):
+        EngineConfig(gamma=6, gamma_schedule="adaptive", max_gamma=4)
+    with pytest.raises(ValueError, match="verifier.gamma_schedule"):
+        job_config.VerifierConfig(gamma_schedule="heuristic")
+    with pytest.raises(ValueError, match="verifier.max_gamma"):
+        job_config.VerifierConfig(gamma=6, gamma_schedule="adaptive", max_gamma=4)
+
+
+def test_adaptive_blocks_grow_while_the_draft_is_right(tiny_pair):
+    """Draft = target at temperature 0: every block is kept, so g climbs 1, 3, 5, 7, 8, 8, ..."""
+    target, _ = tiny_pair
+    config = EngineConfig(
+        method="block",
+        gamma=1,
+        gamma_schedule="adaptive",
+        max_gamma=8,
+        sampling=SamplingParams(temperature=0.0),
+        max_new_tokens=40,
+    )
+    results, stats = SpeculativeEngine(target, target, config).generate_with_stats([[5, 6, 7]])
+    # Tokens per iteration: 2, 4, 6, 8, 9, 9 (= 38), then the last 2 (g clipped by the budget).
+    assert [len(results[0].token_ids), stats.num_target_calls] == [40, 7]
+    # Drafts at position i: iterations with g > i (g = 1, 3, 5, 7, 8, 8, then 1).
+    assert stats.num_proposed_per_position == [7, 5, 5, 4, 4, 3, 3, 2]
+    assert stats.num_accepted_per_position == stats.num_proposed_per_position
