@@ -3,6 +3,8 @@ generation, same models, prompts and seeds, in one run.
 
     python -m scripts.bench                                   # the full grid (hours on 2 CPU cores)
     python -m scripts.bench --num-prompts 12 --max-new-tokens 32 --seeds 0 --out docs/bench
+    python -m scripts.bench --dtype bfloat16 ...              # both models' weights in bf16
+    python -m scripts.bench --costs-only --dtype float32      # the forward-cost table alone (seconds)
 
 Default pair: SmolLM2-135M-Instruct target with the bundled distilled draft (falls back to the
 target's first 4 layers, with a warning, when the distilled draft is missing). Prompts:
@@ -16,7 +18,10 @@ probability < t (--confidence-threshold), the policy of Hugging Face assisted ge
 target call, correction/bonus token counted), acceptance rate (accepted draft tokens / proposed),
 tokens/s and speedup over our autoregressive decoding of the same prompts in the same run. All wall-
 clock rows run at batch 1 (Hugging Face assisted generation cannot batch); a batch-size sweep of our
-engine follows. Writes results.md, results.json and PNG plots into --out.
+engine follows. The runs of one (temperature, seed) take turns prompt by prompt (batch by batch in
+the sweep), so drift in the machine's speed hits them alike. Before the grid, the cost model behind
+every speedup is measured: one target forward of n = 1..g+1 tokens and one draft forward, batch 1.
+Writes results.md, results.json and PNG plots into --out.
 """
 
 from __future__ import annotations
@@ -62,15 +67,17 @@ def _mean_spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def load_default_pair(draft: str) -> tuple[LoadedModel, LoadedModel]:
+def load_default_pair(draft: str, dtype: str = "float32") -> tuple[LoadedModel, LoadedModel]:
+    """The embedded SmolLM2 target with the bundled distilled draft (or its first 4 layers)."""
+    target_spec = ModelSpec("smollm2", dtype=dtype)
     if draft == "distilled":
         try:
             from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
 
-            return load_pair(ModelSpec("smollm2"), ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
+            return load_pair(target_spec, ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
         except (ImportError, FileNotFoundError, OSError) as error:
             logger.warning("distilled draft unavailable (%s); using the target's first 4 layers", error)
-    return load_pair(ModelSpec("smollm2"), ModelSpec(kind="truncated", num_layers=4))
+    return load_pair(target_spec, ModelSpec(kind="truncated", num_layers=4))
 
 
 def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str]]:
@@ -101,18 +108,54 @@ def draft_length_options(label: str, gamma: int, max_gamma: int) -> tuple[str, d
     return method, options
 
 
-def run_engine(
-    target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, batch_size, eos_ids, max_gamma=8
-):
-    """One engine run; `method` may carry draft-length policies ("block+adaptive", "token+conf0.4")."""
+@dataclass(frozen=True)
+class Run:
+    """One column of the comparison: a method (with its draft-length policy) at a block length g."""
+
+    # autoregressive | token | block | greedy (each also "+adaptive" / "+conf<t>") | hf_assisted
+    method: str
+    gamma: int
+
+
+@dataclass
+class Tally:
+    """What one Run produced over the prompts it has seen so far."""
+
+    num_tokens: int = 0
+    # Target calls per row (the denominator of block efficiency; the correction/bonus token counts).
+    num_row_iterations: int = 0
+    num_accepted: int = 0
+    num_proposed: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: Tally) -> None:
+        for name in ("num_tokens", "num_row_iterations", "num_accepted", "num_proposed", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.num_tokens / max(self.num_row_iterations, 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds else 0.0
+
+
+def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, eos_ids, max_gamma=8) -> Tally:
+    """One engine run over `prompts` (one batch); `method` may carry draft-length policies
+    ("block+adaptive", "token+conf0.4")."""
     method, options = draft_length_options(method, gamma, max_gamma)
     config = EngineConfig(
         method=method,
-        gamma=gamma,
+        gamma=max(gamma, 1),
         **options,
         sampling=SamplingParams(temperature=temperature),
         max_new_tokens=max_new_tokens,
-        max_batch_size=batch_size,
+        max_batch_size=len(prompts),
         seed=seed,
         eos_token_ids=eos_ids,
     )
@@ -120,9 +163,13 @@ def run_engine(
     start = time.perf_counter()
     _, stats = engine.generate_with_stats(prompts)
     elapsed = time.perf_counter() - start
-    proposed = sum(stats.num_proposed_per_position)
-    acceptance = sum(stats.num_accepted_per_position) / proposed if proposed else 0.0
-    return stats.block_efficiency, acceptance, stats.num_tokens / elapsed
+    return Tally(
+        num_tokens=stats.num_tokens,
+        num_row_iterations=stats.num_row_iterations,
+        num_accepted=sum(stats.num_accepted_per_position),
+        num_proposed=sum(stats.num_proposed_per_position),
+        seconds=elapsed,
+    )
 
 
 class _CallCounter:
@@ -139,47 +186,101 @@ class _CallCounter:
         self._handle.remove()
 
 
-def run_hf_assisted(target, draft, prompts, gamma, temperature, seed, max_new_tokens, eos_ids):
-    """transformers `generate(assistant_model=...)`, batch 1 (it raises for larger batches): its own
+def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tokens, eos_ids) -> Tally:
+    """transformers `generate(assistant_model=...)` on one prompt (it raises for batches > 1): its own
     defaults with num_assistant_tokens = gamma, i.e. at most g drafts per target call, the drafting
     ended early once the assistant's probability of its token is below assistant_confidence_threshold
     (0.4; it only adapts when scikit-learn is installed); top-k/top-p off to match our sampling.
-    Acceptance = accepted drafts / drafted tokens (one assistant forward per drafted token)."""
+    Every target call (its first one also reads the prompt) emits its accepted drafts plus one token;
+    acceptance = accepted drafts / drafted tokens (one assistant forward per drafted token)."""
+    assistant_config = draft.model.generation_config
+    saved_num_assistant_tokens = assistant_config.num_assistant_tokens
+    # transformers takes the draft length from the assistant's own generation config (default 20),
+    # not from generate()'s keyword arguments.
+    assistant_config.num_assistant_tokens = gamma
     counter = _CallCounter(target.model)
     draft_counter = _CallCounter(draft.model)
-    num_tokens, start = 0, time.perf_counter()
-    num_accepted = 0
+    torch.manual_seed(seed)
+    input_ids = torch.tensor([prompt])
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
+    start = time.perf_counter()
     try:
-        for index, prompt in enumerate(prompts):
-            torch.manual_seed(seed * 100_003 + index)
-            input_ids = torch.tensor([prompt])
-            calls_before = counter.count
-            sampling = (
-                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-                if temperature > 0
-                else {"do_sample": False}
-            )
-            output = target.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                assistant_model=draft.model,
-                num_assistant_tokens=gamma,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=list(eos_ids) or None,
-                pad_token_id=eos_ids[0] if eos_ids else None,
-                **sampling,
-            )
-            new_tokens = output.shape[1] - input_ids.shape[1]
-            calls = counter.count - calls_before
-            num_tokens += new_tokens
-            # Every target call emits its accepted drafts plus one token.
-            num_accepted += new_tokens - calls
+        output = target.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            assistant_model=draft.model,
+            num_assistant_tokens=gamma,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=list(eos_ids) or None,
+            pad_token_id=eos_ids[0] if eos_ids else None,
+            **sampling,
+        )
     finally:
         counter.remove()
         draft_counter.remove()
-    num_proposed = draft_counter.count
+        assistant_config.num_assistant_tokens = saved_num_assistant_tokens
     elapsed = time.perf_counter() - start
-    return num_tokens / max(counter.count, 1), num_accepted / max(num_proposed, 1), num_tokens / elapsed
+    num_tokens = output.shape[1] - input_ids.shape[1]
+    return Tally(
+        num_tokens=num_tokens,
+        num_row_iterations=counter.count,
+        num_accepted=num_tokens - counter.count,
+        num_proposed=draft_counter.count,
+        seconds=elapsed,
+    )
+
+
+def run_interleaved(
+    target, draft, prompts, runs: list[Run], temperature, seed, batch_size, max_new_tokens, eos_ids, max_gamma
+) -> dict[Run, Tally]:
+    """Every run over the same prompts, taking turns batch by batch (rotating who goes first), so a
+    slow spell of the machine (shared memory bandwidth drifts by 10-30% over minutes) hits every run
+    alike instead of the one that happened to be running then."""
+    tallies = {run: Tally() for run in runs}
+    batches = [prompts[start : start + batch_size] for start in range(0, len(prompts), batch_size)]
+    for index, batch in enumerate(batches):
+        batch_seed = seed * 100_003 + index
+        shift = index % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            if run.method == "hf_assisted":
+                tally = run_hf_assisted(target, draft, batch[0], run.gamma, temperature, batch_seed, max_new_tokens, eos_ids)
+            else:
+                tally = run_engine(
+                    target, draft, batch, run.method, run.gamma, temperature, batch_seed, max_new_tokens, eos_ids, max_gamma
+                )
+            tallies[run].add(tally)
+    return tallies
+
+
+def forward_costs(target, draft, max_tokens: int, repeats: int = 7) -> dict[str, list[float]]:
+    """Median ms of one batch-1 forward over a 64-token context, target with n = 1..max_tokens new
+    tokens and draft with 1: the cost model behind every speedup (an iteration costs one target
+    forward of g + 1 tokens and g draft forwards of 1). Interleaved like the runs."""
+    from distributed_spec.engine.runner import ModelRunner
+
+    runners = {"target": ModelRunner(target.model), "draft": ModelRunner(draft.model)}
+    # Any valid ids will do: a forward's cost does not depend on which tokens it reads.
+    context = [index % target.model.config.vocab_size for index in range(1000, 1064)]
+    for runner in runners.values():
+        runner.prefill([context])
+    shapes = [("target", n) for n in range(1, max_tokens + 1)] + [("draft", 1)]
+    samples: dict[tuple[str, int], list[float]] = {shape: [] for shape in shapes}
+    for _ in range(repeats):
+        for name, n in shapes:
+            runner = runners[name]
+            input_ids = torch.tensor([context[:n]])
+            start = time.perf_counter()
+            runner.forward_tokens(input_ids)
+            samples[(name, n)].append((time.perf_counter() - start) * 1e3)
+            runner.rollback(torch.zeros(1, dtype=torch.long), n)
+    return {
+        "target_ms": [statistics.median(samples[("target", n)]) for n in range(1, max_tokens + 1)],
+        "draft_ms": [statistics.median(samples[("draft", 1)])],
+    }
 
 
 def plot(results: list[Measurement], out: Path) -> list[Path]:
@@ -294,7 +395,12 @@ def main() -> None:
         help="the confidence policy's threshold (Hugging Face's default assistant_confidence_threshold)",
     )
     parser.add_argument("--draft", choices=["distilled", "truncated"], default="distilled")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32",
+        help="weights of both models (the job's model.dtype); see docs/RESULTS.md for what each costs on a CPU",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
+    parser.add_argument("--costs-only", action="store_true", help="print the forward-cost table and stop")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = parser.parse_args()
@@ -302,70 +408,86 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, draft = load_default_pair(args.draft)
+    target, draft = load_default_pair(args.draft, args.dtype)
     prompts, tasks = load_prompts(target.tokenizer, args.num_prompts)
     eos_ids = tuple(i for i in [target.tokenizer.eos_token_id] if i is not None)
     logger.info("target %s, draft %s, %d prompts (%s)", target.name, draft.name, len(prompts), ", ".join(sorted(set(tasks))))
+    with torch.no_grad():
+        costs = forward_costs(target, draft, max(args.gammas + [args.sweep_gamma]) + 1)
+    logger.info("forward ms: target %s, draft %s", costs["target_ms"], costs["draft_ms"])
+    if args.costs_only:
+        print(f"{args.dtype}, {args.threads} threads\n\n{cost_table(costs)}")
+        return
     results: list[Measurement] = []
 
-    def measurement(temperature, gamma, method, batch_size):
-        for m in results:
-            if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, gamma, method, batch_size):
-                return m
-        results.append(Measurement(temperature, gamma, method, batch_size))
-        return results[-1]
+    def record(tallies: dict[Run, Tally], temperature: float, batch_size: int, seed: int) -> None:
+        for run, tally in tallies.items():
+            found = [m for m in results if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, run.gamma, run.method, batch_size)]
+            m = found[0] if found else Measurement(temperature, run.gamma, run.method, batch_size)
+            if not found:
+                results.append(m)
+            m.add(tally.block_efficiency, tally.acceptance_rate, tally.tokens_per_s)
+            logger.info(
+                "T=%s B=%d seed=%d g=%d %s: BE %.3f, acceptance %.3f, %.1f tokens/s",
+                temperature, batch_size, seed, run.gamma, run.method, tally.block_efficiency, tally.acceptance_rate,
+                tally.tokens_per_s,
+            )
 
-    common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids}
+    common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids, "max_gamma": args.max_gamma}
     suffixes = {"constant": "", "adaptive": "+adaptive", "confidence": f"+conf{args.confidence_threshold}"}
     for temperature in args.temperatures:
         verifiers = ["greedy"] if temperature == 0 else ["token", "block"]
         methods = [verifier + suffixes[policy] for policy in args.draft_lengths for verifier in verifiers]
+        if not args.skip_hf:
+            methods.append("hf_assisted")
+        runs = [Run("autoregressive", 0)] + [Run(method, gamma) for gamma in args.gammas for method in methods]
         # Temperature 0 draws no random numbers: every seed gives the same tokens, so one seed is run.
         for seed in args.seeds[:1] if temperature == 0 else args.seeds:
-            be, acc, tps = run_engine(target, draft, prompts, "autoregressive", 1, temperature, seed, batch_size=1, **common)
-            measurement(temperature, 0, "autoregressive", 1).add(be, acc, tps)
-            logger.info("T=%s seed=%d autoregressive: %.1f tokens/s", temperature, seed, tps)
-            for gamma in args.gammas:
-                for method in methods:
-                    be, acc, tps = run_engine(
-                        target, draft, prompts, method, gamma, temperature, seed, batch_size=1, max_gamma=args.max_gamma, **common
-                    )
-                    measurement(temperature, gamma, method, 1).add(be, acc, tps)
-                    logger.info("T=%s seed=%d g=%d %s: BE %.3f, %.1f tokens/s", temperature, seed, gamma, method, be, tps)
-                if not args.skip_hf:
-                    be, acc, tps = run_hf_assisted(target, draft, prompts, gamma, temperature, seed, **common)
-                    measurement(temperature, gamma, "hf_assisted", 1).add(be, acc, tps)
-                    logger.info("T=%s seed=%d g=%d hf_assisted: BE %.3f, %.1f tokens/s", temperature, seed, gamma, be, tps)
-        write_results(results, args, target, draft, prompts)
+            record(run_interleaved(target, draft, prompts, runs, temperature, seed, 1, **common), temperature, 1, seed)
+        write_results(results, costs, args, target, draft, prompts)
     sweep_method = "greedy" if args.sweep_temperature == 0 else "block"
+    sweep_runs = [Run("autoregressive", 0)] + [
+        Run(sweep_method + suffixes[policy], args.sweep_gamma) for policy in args.draft_lengths
+    ]
     for batch_size in args.batch_sizes:
         if batch_size == 1 and args.sweep_temperature in args.temperatures and args.sweep_gamma in args.gammas:
             continue  # already measured above
         for seed in args.seeds:
-            sweep_methods = [sweep_method + suffixes[policy] for policy in args.draft_lengths]
-            for method, gamma in [("autoregressive", 0)] + [(method, args.sweep_gamma) for method in sweep_methods]:
-                be, acc, tps = run_engine(
-                    target, draft, prompts, method, max(gamma, 1), args.sweep_temperature, seed,
-                    batch_size=batch_size, max_gamma=args.max_gamma, **common
-                )
-                measurement(args.sweep_temperature, gamma, method, batch_size).add(be, acc, tps)
-                logger.info("B=%d seed=%d %s: %.1f tokens/s", batch_size, seed, method, tps)
+            tallies = run_interleaved(target, draft, prompts, sweep_runs, args.sweep_temperature, seed, batch_size, **common)
+            record(tallies, args.sweep_temperature, batch_size, seed)
 
-    write_results(results, args, target, draft, prompts, final=True)
+    write_results(results, costs, args, target, draft, prompts, final=True)
 
 
-def write_results(results, args, target, draft, prompts, final: bool = False) -> None:
+def cost_table(costs: dict[str, list[float]]) -> str:
+    """The forward costs as a markdown table, with T(n) / T(1)."""
+    target_ms = costs["target_ms"]
+    lines = [
+        "Forward cost at batch 1 (median ms; 64-token context), measured in the same run:",
+        "",
+        "| n new tokens | " + " | ".join(str(n) for n in range(1, len(target_ms) + 1)) + " |",
+        "|---|" + "---|" * len(target_ms),
+        "| target ms | " + " | ".join(f"{ms:.1f}" for ms in target_ms) + " |",
+        "| target T(n) / T(1) | " + " | ".join(f"{ms / target_ms[0]:.2f}" for ms in target_ms) + " |",
+        "",
+        f"Draft, one token: {costs['draft_ms'][0]:.1f} ms ({costs['draft_ms'][0] / target_ms[0]:.3f} of the target's).",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(results, costs, args, target, draft, prompts, final: bool = False) -> None:
     """Table (markdown, json) under --out; plots and the printout only at the end. Called after every
     temperature too, so that an interrupted run keeps what it measured."""
     header = (
-        f"target {target.name}, draft {draft.name}; {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
-        f"seeds {args.seeds} (T = 0: the first only), {args.threads} threads; mean ± std over seeds. "
-        f"+adaptive: g starts at the g column, adapts per row up to {args.max_gamma}; +conf<t>: at most g drafts, "
-        "a row's block ends after a draft token whose draft probability is below t"
+        f"target {target.name}, draft {draft.name}, {args.dtype}; {len(prompts)} prompts, {args.max_new_tokens} new "
+        f"tokens, seeds {args.seeds} (T = 0: the first only), {args.threads} threads; mean ± std over seeds; runs take "
+        f"turns prompt by prompt. +adaptive: g starts at the g column, adapts per row up to {args.max_gamma}; "
+        "+conf<t>: at most g drafts, a row's block ends after a draft token whose draft probability is below t"
     )
-    table = markdown(results, header)
+    table = markdown(results, header) + "\n\n" + cost_table(costs)
     (args.out / "results.md").write_text(table + "\n")
-    (args.out / "results.json").write_text(json.dumps([m.__dict__ for m in results], indent=1))
+    payload = {"dtype": args.dtype, "forward_costs": costs, "results": [m.__dict__ for m in results]}
+    (args.out / "results.json").write_text(json.dumps(payload, indent=1))
     if final:
         print(table)
         for path in plot(results, args.out):

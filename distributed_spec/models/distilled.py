@@ -85,6 +85,10 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
             hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
         else:
             hidden_states = hidden_states[:, logits_to_keep]
+        # A fresh dense copy: the slice keeps the strides of [B, T, hidden], and on the CPU a bf16
+        # linear over such a view takes a batched-matmul path that copies the whole head weight
+        # (3.5 ms instead of 0.3 ms per draft step with K = 8192).
+        hidden_states = hidden_states.clone(memory_format=torch.contiguous_format)
         logits = self.scatter_to_vocab(self.sub_vocab_logits(hidden_states))
         extra = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return CausalLMOutputWithPast(logits=logits, **extra)

@@ -15,6 +15,7 @@ Draft and target must share a vocabulary: `check_shared_vocabulary` compares tok
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -164,6 +165,7 @@ def smollm2_converted_dir() -> Path:
     gguf_path = smollm2_gguf_path()
     converted = gguf_path.parent / "hf-float32"
     if (converted / "model.safetensors").is_file():
+        _drop_gguf_quantization_config(converted)
         return converted
     logger.info("converting %s to safetensors in %s (once)", gguf_path.name, converted)
     model = AutoModelForCausalLM.from_pretrained(
@@ -174,6 +176,7 @@ def smollm2_converted_dir() -> Path:
     staging.chmod(0o755)
     try:
         model.config.save_pretrained(staging)
+        _drop_gguf_quantization_config(staging)
         model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         state = {key: value.contiguous() for key, value in model.state_dict().items()}
@@ -189,6 +192,22 @@ def smollm2_converted_dir() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return converted
+
+
+def _drop_gguf_quantization_config(model_dir: Path) -> None:
+    """Remove the `quantization_config` that the GGUF load leaves in the saved config.json.
+
+    The converted copy holds plain float32 tensors, but with that key transformers attaches a GGUF
+    quantizer to every model loaded from it (and warns that its weights stay packed). Copies written
+    before this fix are mended in place, atomically, so a concurrent reader never sees a torn file.
+    """
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    if config.pop("quantization_config", None) is None:
+        return
+    staging = config_path.with_name(f".config-{os.getpid()}.json")
+    staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(staging, config_path)
 
 
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec) -> tuple[LoadedModel, LoadedModel]:

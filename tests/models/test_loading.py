@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -123,3 +124,21 @@ def test_spec_validation_and_resolution(tmp_path):
         ModelSpec(kind="truncated")
     with pytest.raises(ValueError, match="not a GGUF file"):
         load_model(ModelSpec(str(tmp_path / "missing.gguf")), role="target")
+
+
+def test_converted_smollm2_config_drops_the_gguf_quantization_config(tmp_path):
+    """The de-quantised copy is plain float32: its config must not make transformers attach a GGUF
+    quantizer on load. Copies written before the fix are mended in place; the rest is kept."""
+    from distributed_spec.models.loading import _drop_gguf_quantization_config
+
+    model = tiny_llama(vocab_size=40, seed=3)
+    model.config.quantization_config = {"quant_method": "gguf", "dequantize": False, "gguf_file": "m.gguf"}
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert "quantization_config" in json.loads((tmp_path / "config.json").read_text())
+    _drop_gguf_quantization_config(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "quantization_config" not in config and config["vocab_size"] == 40
+    _drop_gguf_quantization_config(tmp_path)  # nothing left to drop: unchanged
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+    loaded = load_model(ModelSpec(str(tmp_path), kind="dir"), role="target").model
+    assert getattr(loaded, "hf_quantizer", None) is None

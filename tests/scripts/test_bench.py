@@ -1,0 +1,106 @@
+"""scripts/bench.py on tiny models: the bookkeeping behind the published figures (no timing asserted).
+
+.venv/bin/python -m pytest tests/scripts/test_bench.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+from distributed_spec.models.tiny import perturbed_copy, tiny_llama
+from scripts import bench
+
+MAX_NEW_TOKENS = 6
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_scale=8.0)
+    draft = perturbed_copy(target, noise=0.3, seed=1)
+    return SimpleNamespace(model=target), SimpleNamespace(model=draft)
+
+
+def test_tally_ratios():
+    tally = bench.Tally(num_tokens=10, num_row_iterations=4, num_accepted=6, num_proposed=8, seconds=2.0)
+    tally.add(bench.Tally(num_tokens=2, num_row_iterations=2, num_accepted=0, num_proposed=4, seconds=1.0))
+    assert tally.block_efficiency == 2.0
+    assert tally.acceptance_rate == 0.5
+    assert tally.tokens_per_s == 4.0
+    assert bench.Tally().acceptance_rate == 0.0 and bench.Tally().tokens_per_s == 0.0
+
+
+def test_runs_take_turns_batch_by_batch(monkeypatch):
+    """Every run sees every batch exactly once, and who goes first rotates from batch to batch."""
+    calls = []
+
+    def fake_engine(target, draft, prompts, method, gamma, *args):
+        calls.append((method, tuple(map(tuple, prompts))))
+        return bench.Tally(num_tokens=len(prompts), num_row_iterations=len(prompts), seconds=1.0)
+
+    def fake_hf(target, draft, prompt, gamma, *args):
+        calls.append(("hf_assisted", (tuple(prompt),)))
+        return bench.Tally(num_tokens=1, num_row_iterations=1, seconds=1.0)
+
+    monkeypatch.setattr(bench, "run_engine", fake_engine)
+    monkeypatch.setattr(bench, "run_hf_assisted", fake_hf)
+    runs = [bench.Run("autoregressive", 0), bench.Run("block", 2), bench.Run("hf_assisted", 2)]
+    tallies = bench.run_interleaved(None, None, PROMPTS, runs, 1.0, 0, 1, MAX_NEW_TOKENS, (), 8)
+    assert [tally.num_tokens for tally in tallies.values()] == [3, 3, 3]
+    firsts = [calls[index][0] for index in range(0, len(calls), len(runs))]
+    assert firsts == ["autoregressive", "block", "hf_assisted"]
+    for method in ("autoregressive", "block", "hf_assisted"):
+        assert sorted(prompts for name, prompts in calls if name == method) == sorted((tuple(p),) for p in PROMPTS)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_method_runs_on_tiny_models(pair, temperature):
+    """Engine methods (with draft-length policies) and HF assisted generation, interleaved."""
+    target, draft = pair
+    verifier = "greedy" if temperature == 0 else "block"
+    runs = [
+        bench.Run("autoregressive", 0),
+        bench.Run(verifier, 2),
+        bench.Run(f"{verifier}+adaptive", 2),
+        bench.Run(f"{verifier}+conf0.4", 3),
+        bench.Run("hf_assisted", 2),
+    ]
+    tallies = bench.run_interleaved(target, draft, PROMPTS, runs, temperature, 0, 1, MAX_NEW_TOKENS, (), 6)
+    for run, tally in tallies.items():
+        # No EOS id: every prompt runs to the token budget, whatever the method.
+        assert tally.num_tokens == len(PROMPTS) * MAX_NEW_TOKENS, run
+        assert tally.seconds > 0
+        limit = 1 if run.method == "autoregressive" else 1 + (6 if "adaptive" in run.method else run.gamma)
+        assert 1.0 <= tally.block_efficiency <= limit, run
+        assert 0.0 <= tally.acceptance_rate <= 1.0
+    assert tallies[runs[0]].num_proposed == 0
+    # The perturbed draft agrees with the target often: speculation must accept something.
+    assert tallies[runs[1]].acceptance_rate > 0
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_hf_assisted_drafts_g_tokens_per_target_call(pair, gamma):
+    """num_assistant_tokens = g reaches transformers (it reads the assistant's generation config):
+    with a draft identical to the target and no confidence stop, every call keeps g drafts."""
+    target, _ = pair
+    draft = copy.deepcopy(target.model)
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    tally = bench.Tally()
+    for prompt in PROMPTS:
+        tally.add(bench.run_hf_assisted(target, SimpleNamespace(model=draft), prompt, gamma, 0.0, 0, 12, ()))
+    assert tally.num_proposed <= gamma * tally.num_row_iterations
+    assert tally.acceptance_rate == 1.0
+    assert tally.block_efficiency > gamma  # g + 1 per call, less only where the budget ends a row
+    assert draft.generation_config.num_assistant_tokens is None  # restored afterwards
+
+
+def test_forward_costs_and_their_table(pair):
+    target, draft = pair
+    costs = bench.forward_costs(target, draft, max_tokens=3, repeats=2)
+    assert len(costs["target_ms"]) == 3 and len(costs["draft_ms"]) == 1
+    assert all(ms > 0 for ms in costs["target_ms"] + costs["draft_ms"])
+    table = bench.cost_table(costs)
+    assert "| target T(n) / T(1) | 1.00 |" in table
