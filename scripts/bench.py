@@ -56,6 +56,8 @@ class Measurement:
     block_efficiency: list[float] = field(default_factory=list)
     acceptance_rate: list[float] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    # T = 0 only: fraction of prompts whose tokens equal our greedy autoregressive decoding's.
+    same_as_autoregressive: list[float] = field(default_factory=list)
 
     def add(self, block_efficiency: float, acceptance_rate: float, tokens_per_s: float) -> None:
         self.block_efficiency.append(block_efficiency)
@@ -127,9 +129,11 @@ class Tally:
     num_accepted: int = 0
     num_proposed: int = 0
     seconds: float = 0.0
+    # Each prompt's generated token ids, in prompt order.
+    outputs: list[list[int]] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
-        for name in ("num_tokens", "num_row_iterations", "num_accepted", "num_proposed", "seconds"):
+        for name in ("num_tokens", "num_row_iterations", "num_accepted", "num_proposed", "seconds", "outputs"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -161,7 +165,7 @@ def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new
     )
     engine = SpeculativeEngine(target.model, draft.model if method != "autoregressive" else None, config)
     start = time.perf_counter()
-    _, stats = engine.generate_with_stats(prompts)
+    results, stats = engine.generate_with_stats(prompts)
     elapsed = time.perf_counter() - start
     return Tally(
         num_tokens=stats.num_tokens,
@@ -169,6 +173,7 @@ def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new
         num_accepted=sum(stats.num_accepted_per_position),
         num_proposed=sum(stats.num_proposed_per_position),
         seconds=elapsed,
+        outputs=[result.token_ids for result in results],
     )
 
 
@@ -231,6 +236,7 @@ def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tok
         num_accepted=num_tokens - counter.count,
         num_proposed=draft_counter.count,
         seconds=elapsed,
+        outputs=[output[0, input_ids.shape[1] :].tolist()],
     )
 
 
@@ -354,7 +360,12 @@ def markdown(results: list[Measurement], header: str) -> str:
     ar = {
         (m.temperature, m.batch_size): _mean_spread(m.tokens_per_s)[0] for m in results if m.method == "autoregressive"
     }
-    lines = [header, "", "| T | g | B | method | block efficiency | acceptance rate | tokens/s | speedup vs AR |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| T | g | B | method | block efficiency | acceptance rate | tokens/s | speedup vs AR | same tokens as AR |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in results:
         be, be_sd = _mean_spread(m.block_efficiency)
         acc, acc_sd = _mean_spread(m.acceptance_rate)
@@ -362,9 +373,10 @@ def markdown(results: list[Measurement], header: str) -> str:
         speedups = [v / ar[(m.temperature, m.batch_size)] for v in m.tokens_per_s] if (m.temperature, m.batch_size) in ar else []
         speedup = f"{_mean_spread(speedups)[0]:.2f} ± {_mean_spread(speedups)[1]:.2f}" if speedups else "-"
         gamma = "-" if m.method == "autoregressive" else str(m.gamma)
+        same = f"{statistics.fmean(m.same_as_autoregressive):.0%}" if m.same_as_autoregressive else "-"
         lines.append(
             f"| {m.temperature} | {gamma} | {m.batch_size} | {m.method} | {be:.3f} ± {be_sd:.3f} | {acc:.3f} ± {acc_sd:.3f} | "
-            f"{tps:.1f} ± {tps_sd:.1f} | {speedup} |"
+            f"{tps:.1f} ± {tps_sd:.1f} | {speedup} | {same} |"
         )
     lines += ["", "Block over token verification, block efficiency ratio (ours vs Sun et al., PaLM-2 pair):", ""]
     lines += ["| T | g | ours | paper |", "|---|---|---|---|"]
@@ -427,6 +439,10 @@ def main() -> None:
             if not found:
                 results.append(m)
             m.add(tally.block_efficiency, tally.acceptance_rate, tally.tokens_per_s)
+            if temperature == 0:
+                reference = tallies[Run("autoregressive", 0)].outputs
+                same = sum(a == b for a, b in zip(tally.outputs, reference)) / len(reference)
+                m.same_as_autoregressive.append(same)
             logger.info(
                 "T=%s B=%d seed=%d g=%d %s: BE %.3f, acceptance %.3f, %.1f tokens/s",
                 temperature, batch_size, seed, run.gamma, run.method, tally.block_efficiency, tally.acceptance_rate,

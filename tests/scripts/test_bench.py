@@ -77,6 +77,11 @@ def test_every_method_runs_on_tiny_models(pair, temperature):
         assert 1.0 <= tally.block_efficiency <= limit, run
         assert 0.0 <= tally.acceptance_rate <= 1.0
     assert tallies[runs[0]].num_proposed == 0
+    assert all(len(tally.outputs) == len(PROMPTS) for tally in tallies.values())
+    if temperature == 0:
+        # What the "same tokens as AR" column counts: greedy speculation in float32 never differs.
+        for run in runs[1:4]:
+            assert tallies[run].outputs == tallies[runs[0]].outputs, run
     # The perturbed draft agrees with the target often: speculation must accept something.
     assert tallies[runs[1]].acceptance_rate > 0
 
