@@ -413,6 +413,10 @@ def main() -> None:
     )
     parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
     parser.add_argument("--costs-only", action="store_true", help="print the forward-cost table and stop")
+    parser.add_argument(
+        "--append", action="store_true",
+        help="add to the rows of --out/results.json (same --dtype) instead of starting over: a grid run in parts",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = parser.parse_args()
@@ -430,7 +434,7 @@ def main() -> None:
     if args.costs_only:
         print(f"{args.dtype}, {args.threads} threads\n\n{cost_table(costs)}")
         return
-    results: list[Measurement] = []
+    results: list[Measurement] = load_results(args.out / "results.json", args.dtype) if args.append else []
 
     def record(tallies: dict[Run, Tally], temperature: float, batch_size: int, seed: int) -> None:
         for run, tally in tallies.items():
@@ -473,6 +477,16 @@ def main() -> None:
             record(tallies, args.sweep_temperature, batch_size, seed)
 
     write_results(results, costs, args, target, draft, prompts, final=True)
+
+
+def load_results(path: Path, dtype: str) -> list[Measurement]:
+    """The rows an earlier run wrote (for --append); refuses a file measured with another dtype."""
+    if not path.is_file():
+        raise SystemExit(f"--append: {path} does not exist; run once without --append first")
+    payload = json.loads(path.read_text())
+    if payload.get("dtype") != dtype:
+        raise SystemExit(f"--append: {path} was measured with --dtype {payload.get('dtype')}, not {dtype}")
+    return [Measurement(**row) for row in payload["results"]]
 
 
 def cost_table(costs: dict[str, list[float]]) -> str:

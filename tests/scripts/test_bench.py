@@ -109,3 +109,17 @@ def test_forward_costs_and_their_table(pair):
     assert all(ms > 0 for ms in costs["target_ms"] + costs["draft_ms"])
     table = bench.cost_table(costs)
     assert "| target T(n) / T(1) | 1.00 |" in table
+
+
+def test_append_reads_back_what_was_written(tmp_path):
+    """--append continues a grid from results.json, and only with the dtype it was measured in."""
+    rows = [bench.Measurement(0.0, 2, "greedy", 1, [1.5], [0.25], [20.0], [1.0])]
+    costs = {"target_ms": [40.0, 42.0], "draft_ms": [4.0]}
+    args = SimpleNamespace(out=tmp_path, dtype="bfloat16", max_new_tokens=16, seeds=[0], threads=2, max_gamma=8)
+    bench.write_results(rows, costs, args, SimpleNamespace(name="t"), SimpleNamespace(name="d"), [[1]])
+    assert bench.load_results(tmp_path / "results.json", "bfloat16") == rows
+    assert "| 0.0 | 2 | 1 | greedy | 1.500 ± 0.000 |" in (tmp_path / "results.md").read_text()
+    with pytest.raises(SystemExit, match="float32"):
+        bench.load_results(tmp_path / "results.json", "float32")
+    with pytest.raises(SystemExit, match="does not exist"):
+        bench.load_results(tmp_path / "missing.json", "bfloat16")
