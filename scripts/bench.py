@@ -65,6 +65,15 @@ class Measurement:
         self.tokens_per_s.append(tokens_per_s)
 
 
+def speedups(results: list[Measurement], m: Measurement) -> list[float]:
+    """m's tokens/s over autoregressive decoding's, seed by seed: each seed's runs took turns on the
+    same prompts, so the ratio within a seed cancels what the machine's speed did meanwhile."""
+    for ar in results:
+        if (ar.method, ar.temperature, ar.batch_size) == ("autoregressive", m.temperature, m.batch_size):
+            return [tps / ar_tps for tps, ar_tps in zip(m.tokens_per_s, ar.tokens_per_s)]
+    return []
+
+
 def _mean_spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
@@ -297,7 +306,6 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
 
     paths = []
     temperatures = sorted({m.temperature for m in results if m.batch_size == 1})
-    ar = {(m.temperature): _mean_spread(m.tokens_per_s)[0] for m in results if m.method == "autoregressive" and m.batch_size == 1}
     for metric, ylabel, name in [
         ("block_efficiency", "block efficiency (tokens / target call)", "block_efficiency_vs_gamma.png"),
         ("speedup", "speedup over autoregressive (tokens/s ratio)", "speedup_vs_gamma.png"),
@@ -312,7 +320,7 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
                 if not rows:
                     continue
                 if metric == "speedup":
-                    ys = [[v / ar[temperature] for v in m.tokens_per_s] for m in rows]
+                    ys = [speedups(results, m) for m in rows]
                 else:
                     ys = [getattr(m, metric) for m in rows]
                 means = [statistics.fmean(y) for y in ys]
@@ -357,9 +365,6 @@ def ratio_rows(results: list[Measurement], temperature: float) -> list[tuple[int
 
 
 def markdown(results: list[Measurement], header: str) -> str:
-    ar = {
-        (m.temperature, m.batch_size): _mean_spread(m.tokens_per_s)[0] for m in results if m.method == "autoregressive"
-    }
     lines = [
         header,
         "",
@@ -370,8 +375,8 @@ def markdown(results: list[Measurement], header: str) -> str:
         be, be_sd = _mean_spread(m.block_efficiency)
         acc, acc_sd = _mean_spread(m.acceptance_rate)
         tps, tps_sd = _mean_spread(m.tokens_per_s)
-        speedups = [v / ar[(m.temperature, m.batch_size)] for v in m.tokens_per_s] if (m.temperature, m.batch_size) in ar else []
-        speedup = f"{_mean_spread(speedups)[0]:.2f} ± {_mean_spread(speedups)[1]:.2f}" if speedups else "-"
+        ratios = speedups(results, m)
+        speedup = f"{_mean_spread(ratios)[0]:.2f} ± {_mean_spread(ratios)[1]:.2f}" if ratios else "-"
         gamma = "-" if m.method == "autoregressive" else str(m.gamma)
         same = f"{statistics.fmean(m.same_as_autoregressive):.0%}" if m.same_as_autoregressive else "-"
         lines.append(

@@ -123,3 +123,12 @@ def test_append_reads_back_what_was_written(tmp_path):
         bench.load_results(tmp_path / "results.json", "float32")
     with pytest.raises(SystemExit, match="does not exist"):
         bench.load_results(tmp_path / "missing.json", "bfloat16")
+
+
+def test_speedup_is_paired_seed_by_seed():
+    """A slow seed slows every run of that seed alike: each ratio uses its own seed's AR figure."""
+    ar = bench.Measurement(1.0, 0, "autoregressive", 1, tokens_per_s=[10.0, 20.0])
+    block = bench.Measurement(1.0, 4, "block", 1, tokens_per_s=[15.0, 20.0])
+    other_batch = bench.Measurement(1.0, 4, "block", 4, tokens_per_s=[30.0])
+    assert bench.speedups([ar, block, other_batch], block) == [1.5, 1.0]
+    assert bench.speedups([ar, block, other_batch], other_batch) == []
