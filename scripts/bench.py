@@ -441,12 +441,16 @@ def main() -> None:
         return
     results: list[Measurement] = load_results(args.out / "results.json", args.dtype) if args.append else []
 
+    def measurement(temperature: float, gamma: int, method: str, batch_size: int) -> Measurement:
+        for m in results:
+            if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, gamma, method, batch_size):
+                return m
+        results.append(Measurement(temperature, gamma, method, batch_size))
+        return results[-1]
+
     def record(tallies: dict[Run, Tally], temperature: float, batch_size: int, seed: int) -> None:
         for run, tally in tallies.items():
-            found = [m for m in results if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, run.gamma, run.method, batch_size)]
-            m = found[0] if found else Measurement(temperature, run.gamma, run.method, batch_size)
-            if not found:
-                results.append(m)
+            m = measurement(temperature, run.gamma, run.method, batch_size)
             m.add(tally.block_efficiency, tally.acceptance_rate, tally.tokens_per_s)
             if temperature == 0:
                 reference = tallies[Run("autoregressive", 0)].outputs
