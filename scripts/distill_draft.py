@@ -12,7 +12,8 @@ Stages (--stages), working in --work-dir (default ~/.cache/distributed_spec/dist
    Every 8th prompt is held out for evaluation.
 2. train: the draft (distributed_spec.models.distilled: a few Llama layers on the target's frozen
    embeddings and LM head, optionally a sub-vocabulary head of the K tokens with most target mass)
-   minimises forward KL(p || q) over the buckets {top-k tokens it can score} + {everything else}.
+   minimises forward KL(p || q) over the buckets {top-k tokens it can score} + {everything else},
+   or with --tv-weight w a mix with the total variation 1 - sum min(p, q) that acceptance pays for.
    Checkpoints every --save-every steps; --resume continues from the last one.
 3. export: bf16 weights + draft_config.json into --out-dir (what load_distilled_draft reads).
 4. eval: token-level acceptance, mean over held-out positions of sum_x min(p(x), q(x)) with the
@@ -328,6 +329,16 @@ def make_batch(records: list[dict], vocab_to_sub: torch.Tensor) -> dict[str, tor
             "rest": cat("rest").float(), "generated": generated}
 
 
+def _target_buckets(sub_ids: torch.Tensor, top_probs: torch.Tensor, rest: torch.Tensor, num_sub: int):
+    """p over the buckets {each top-k token the draft can score} + {all other tokens}.
+
+    sub_ids [n, k] top-k tokens of p as sub-vocabulary indices (num_sub where outside it); top_probs [n, k];
+    rest [n] p mass outside the top-k. Returns p_top [n, k] (0 where not scorable) and p_other [n].
+    """
+    p_top = torch.where(sub_ids < num_sub, top_probs, 0.0)
+    return p_top, (rest + (top_probs - p_top).sum(-1)).clamp(min=0.0)  # rounding: never below 0
+
+
 def bucket_kl_loss(sub_logits: torch.Tensor, sub_ids: torch.Tensor, top_probs: torch.Tensor,
                    rest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward KL(p || q) over buckets {each top-k token the draft can score} + {all other tokens}.
@@ -337,17 +348,30 @@ def bucket_kl_loss(sub_logits: torch.Tensor, sub_ids: torch.Tensor, top_probs: t
     Coarse-graining only merges tokens, so this KL is a lower bound of the full one and equals it
     when the top-k hold all of p's mass. Returns (mean cross-entropy: the loss, mean KL: to report).
     """
-    num_sub = sub_logits.shape[-1]
     log_q = torch.log_softmax(sub_logits.float(), dim=-1)
     log_q = torch.cat([log_q, log_q.new_full((log_q.shape[0], 1), float("-inf"))], dim=-1)  # [n, K+1]
-    scorable = sub_ids < num_sub
-    p_top = torch.where(scorable, top_probs, 0.0)
+    p_top, p_other = _target_buckets(sub_ids, top_probs, rest, sub_logits.shape[-1])
     log_q_top = log_q.gather(-1, sub_ids).clamp(min=-100.0)
-    p_other = rest + (top_probs - p_top).sum(-1)
     log_q_other = torch.logsumexp(log_q.scatter(-1, sub_ids, float("-inf")), dim=-1).clamp(min=-100.0)
     cross_entropy = -(p_top * log_q_top).sum(-1) - p_other * log_q_other
     entropy = -(torch.xlogy(p_top, p_top)).sum(-1) - torch.xlogy(p_other, p_other)
     return cross_entropy.mean(), (cross_entropy - entropy).mean().detach()
+
+
+def bucket_acceptance(sub_logits: torch.Tensor, sub_ids: torch.Tensor, top_probs: torch.Tensor,
+                      rest: torch.Tensor) -> torch.Tensor:
+    """sum_b min(p_b, q_b) over the buckets of bucket_kl_loss: the acceptance, differentiable in sub_logits.
+
+    Same shapes as bucket_kl_loss; returns [n]. Merging tokens can only raise sum min(p, q), so this is an
+    upper bound of the full acceptance that equals it when the top-k hold all of p's mass; 1 - it is the
+    total variation that speculative sampling pays for (DESIGN.md section 4), the loss of --tv-weight.
+    """
+    q = torch.softmax(sub_logits.float(), dim=-1)
+    q = torch.cat([q, q.new_zeros(q.shape[0], 1)], dim=-1)  # [n, K+1]: index K (not scorable) has q = 0
+    p_top, p_other = _target_buckets(sub_ids, top_probs, rest, sub_logits.shape[-1])
+    q_top = q.gather(-1, sub_ids)
+    q_other = (1.0 - q_top.sum(-1)).clamp(min=0.0)
+    return torch.minimum(p_top, q_top).sum(-1) + torch.minimum(p_other, q_other)
 
 
 def draft_sub_logits(draft, input_ids: torch.Tensor, attention_mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -420,7 +444,10 @@ def run_train(args, target_model):
         order = torch.randperm(len(records), generator=torch.Generator().manual_seed(args.seed * 7919 + step))
         batch = make_batch([records[i] for i in order[:args.batch_size].tolist()], vocab_to_sub)
         sub_logits = draft_sub_logits(draft, batch["input_ids"], batch["attention_mask"], batch["valid"])
-        loss, kl = bucket_kl_loss(sub_logits, batch["sub_ids"], batch["top_probs"], batch["rest"])
+        targets = (batch["sub_ids"], batch["top_probs"], batch["rest"])
+        cross_entropy, kl = bucket_kl_loss(sub_logits, *targets)
+        acceptance = bucket_acceptance(sub_logits, *targets).mean()
+        loss = (1.0 - args.tv_weight) * cross_entropy + args.tv_weight * (1.0 - acceptance)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         optimizer.zero_grad(set_to_none=True)
@@ -428,7 +455,7 @@ def run_train(args, target_model):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         # .item(): the progress bar shows the loss; one sync per step is negligible next to the step itself.
-        progress.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}")
+        progress.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}", acc=f"{acceptance.item():.3f}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_train_state(state_path, draft, optimizer, step + 1)
     return draft.eval()
@@ -554,6 +581,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--tv-weight", type=float, default=0.0,
+                        help="loss = (1 - w) * forward KL + w * total variation (1 - acceptance); 0: KL only")
     parser.add_argument("--save-every", type=int, default=100, help="training checkpoint interval (steps)")
     parser.add_argument("--reload-data-every", type=int, default=0,
                         help="re-read the shards every N steps, to train while generate runs in another process; 0: never")
@@ -566,6 +595,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.stages = ["eval"] if args.eval_only else [s for s in args.stages.split(",") if s]
     if "questions" in args.stages and args.num_questions < 1:
         parser.error("--stages questions needs --num-questions > 0")
+    if not 0.0 <= args.tv_weight <= 1.0:
+        parser.error(f"--tv-weight must be in [0, 1], got {args.tv_weight}")
     unknown = set(args.stages) - set(STAGES)
     if unknown:
         parser.error(f"--stages: unknown {sorted(unknown)}; choose from {STAGES}")

@@ -169,3 +169,56 @@ def test_bundled_smollm2_draft_is_small_and_loads():
         logits = draft(input_ids=input_ids).logits
     assert logits.shape == (1, 6, target.config.vocab_size)
     assert torch.isfinite(torch.logsumexp(logits, -1)).all()
+
+
+def _bucket_oracle(p: torch.Tensor, q: torch.Tensor, top_ids: list[int], scorable: set[int]):
+    """(sum min, KL) over buckets {each top-k token the draft scores} + {the rest}, by enumeration over the vocabulary."""
+    singles = [t for t in top_ids if t in scorable]
+    buckets = [[t] for t in singles] + [[t for t in range(len(p)) if t not in singles]]
+    p_b = [float(sum(p[t] for t in b)) for b in buckets]
+    q_b = [float(sum(q[t] for t in b)) for b in buckets]
+    overlap = sum(min(a, b) for a, b in zip(p_b, q_b))
+    kl = sum(a * (torch.log(torch.tensor(a)) - torch.log(torch.tensor(b))).item() for a, b in zip(p_b, q_b) if a > 0)
+    return overlap, kl
+
+
+@pytest.mark.parametrize("top_k, num_sub", [(12, 12), (5, 8), (4, 12)])
+def test_bucket_losses_match_enumeration(top_k, num_sub):
+    """bucket_acceptance and bucket_kl_loss against the buckets summed token by token (vocab 12); with
+    all tokens in the top-k and the sub-vocabulary, bucket acceptance is the exact sum_x min(p, q)."""
+    script = _load_script()
+    vocab, generator = 12, torch.Generator().manual_seed(3)
+    sub_vocab_ids = torch.randperm(vocab, generator=generator)[:num_sub].sort().values
+    vocab_to_sub = torch.full((vocab,), num_sub, dtype=torch.long)
+    vocab_to_sub[sub_vocab_ids] = torch.arange(num_sub)
+    p = torch.softmax(2 * torch.randn(6, vocab, generator=generator, dtype=torch.float64), -1)
+    sub_logits = torch.randn(6, num_sub, generator=generator, dtype=torch.float64)
+    q = torch.zeros(6, vocab, dtype=torch.float64)
+    q[:, sub_vocab_ids] = torch.softmax(sub_logits, -1)
+    top_probs, top_ids = p.topk(top_k, -1)
+    rest = 1.0 - top_probs.sum(-1)
+    targets = (vocab_to_sub[top_ids], top_probs, rest)
+    overlap = script.bucket_acceptance(sub_logits, *targets)
+    cross_entropy, kl = script.bucket_kl_loss(sub_logits, *targets)
+    oracle = [_bucket_oracle(p[n], q[n], top_ids[n].tolist(), set(sub_vocab_ids.tolist())) for n in range(6)]
+    torch.testing.assert_close(overlap, torch.tensor([o for o, _ in oracle], dtype=overlap.dtype), atol=1e-5, rtol=0)
+    assert kl.item() == pytest.approx(sum(k for _, k in oracle) / 6, abs=1e-4)
+    if top_k == num_sub == vocab:
+        torch.testing.assert_close(overlap, torch.minimum(p, q).sum(-1).to(overlap.dtype))
+    else:
+        assert torch.all(overlap >= torch.minimum(p, q).sum(-1) - 1e-6)  # merging tokens only raises the overlap
+
+
+def test_tv_loss_step_raises_acceptance():
+    """One gradient step on 1 - bucket_acceptance moves q toward p (the loss of --tv-weight 1)."""
+    script = _load_script()
+    generator = torch.Generator().manual_seed(4)
+    p = torch.softmax(torch.randn(8, 10, generator=generator), -1)
+    top_probs, top_ids = p.topk(10, -1)
+    targets = (top_ids, top_probs, torch.zeros(8))
+    sub_logits = torch.randn(8, 10, generator=generator, requires_grad=True)
+    before = script.bucket_acceptance(sub_logits, *targets)
+    (1.0 - before).sum().backward()
+    with torch.no_grad():
+        after = script.bucket_acceptance(sub_logits - 1.0 * sub_logits.grad, *targets)
+    assert torch.all(after > before.detach())
