@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -178,7 +179,7 @@ def _bucket_oracle(p: torch.Tensor, q: torch.Tensor, top_ids: list[int], scorabl
     p_b = [float(sum(p[t] for t in b)) for b in buckets]
     q_b = [float(sum(q[t] for t in b)) for b in buckets]
     overlap = sum(min(a, b) for a, b in zip(p_b, q_b))
-    kl = sum(a * (torch.log(torch.tensor(a)) - torch.log(torch.tensor(b))).item() for a, b in zip(p_b, q_b) if a > 0)
+    kl = sum(a * math.log(a / b) for a, b in zip(p_b, q_b) if a > 0)
     return overlap, kl
 
 
