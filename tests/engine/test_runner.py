@@ -74,3 +74,25 @@ def test_masked_input_slots_are_invisible():
     logits = runner.forward_tokens(torch.tensor([[8, 9], [0, 9]]), torch.tensor([[1, 1], [0, 1]]))[:, -1]
     torch.testing.assert_close(logits[0], _fresh_last_logits(model, [3, 4, 8, 9]), atol=ATOL, rtol=0)
     torch.testing.assert_close(logits[1], _fresh_last_logits(model, [5, 9]), atol=ATOL, rtol=0)
+
+
+def test_num_logits_gives_the_last_logits_and_a_dense_lm_head_input():
+    model = tiny_llama(vocab_size=32, seed=5)
+    head_inputs = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda module, args: head_inputs.append(args[0]))
+    prompts = [[4, 5, 6, 7, 8, 9], [10, 11, 12]]
+    runner = ModelRunner(model)
+    last = runner.prefill(prompts)  # num_logits=1
+    block = torch.tensor([[13, 14, 15], [16, 17, 18]])
+    last_two = runner.forward_tokens(block, num_logits=2)  # [B, 2, V]
+    hook.remove()
+    for row, prompt in enumerate(prompts):
+        torch.testing.assert_close(last[row], _fresh_last_logits(model, prompt), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            last_two[row, 0], _fresh_last_logits(model, prompt + block[row, :2].tolist()), atol=ATOL, rtol=0
+        )
+    assert last_two.shape == (2, 2, 32)
+    # A strided view of [B, n, hidden] would send a bf16 CPU head down a weight-copying batched matmul.
+    for hidden in head_inputs:
+        assert hidden.shape[1] in (1, 2)
+        assert hidden.stride() == torch.empty(hidden.shape).stride()
