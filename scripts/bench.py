@@ -371,7 +371,9 @@ def markdown(results: list[Measurement], header: str) -> str:
         "| T | g | B | method | block efficiency | acceptance rate | tokens/s | speedup vs AR | same tokens as AR |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for m in results:
+    # By batch size, then temperature, then g (autoregressive first): a grid run in parts (--append)
+    # reads like one run; within a g the methods keep the order they ran in.
+    for m in sorted(results, key=lambda m: (m.batch_size, m.temperature, m.gamma)):
         be, be_sd = _mean_spread(m.block_efficiency)
         acc, acc_sd = _mean_spread(m.acceptance_rate)
         tps, tps_sd = _mean_spread(m.tokens_per_s)

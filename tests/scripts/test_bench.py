@@ -132,3 +132,25 @@ def test_speedup_is_paired_seed_by_seed():
     other_batch = bench.Measurement(1.0, 4, "block", 4, tokens_per_s=[30.0])
     assert bench.speedups([ar, block, other_batch], block) == [1.5, 1.0]
     assert bench.speedups([ar, block, other_batch], other_batch) == []
+
+
+def test_table_rows_follow_batch_then_temperature_then_gamma():
+    """A grid run in parts (T = 1 first, then T = 0 with --append) still reads in order."""
+    rows = [
+        bench.Measurement(1.0, 0, "autoregressive", 1, [1.0], [0.0], [10.0]),
+        bench.Measurement(1.0, 4, "block", 1, [1.5], [0.2], [11.0]),
+        bench.Measurement(1.0, 4, "token", 1, [1.4], [0.2], [11.0]),
+        bench.Measurement(1.0, 4, "block", 4, [1.5], [0.2], [30.0]),
+        bench.Measurement(0.0, 2, "greedy", 1, [1.5], [0.25], [12.0]),
+        bench.Measurement(0.0, 0, "autoregressive", 1, [1.0], [0.0], [10.0]),
+    ]
+    table = bench.markdown(rows, "header")
+    order = [line.split(" | ")[:4] for line in table.splitlines() if line.startswith("| 0.0 |") or line.startswith("| 1.0 |")]
+    assert order[:6] == [
+        ["| 0.0", "-", "1", "autoregressive"],
+        ["| 0.0", "2", "1", "greedy"],
+        ["| 1.0", "-", "1", "autoregressive"],
+        ["| 1.0", "4", "1", "block"],
+        ["| 1.0", "4", "1", "token"],
+        ["| 1.0", "4", "4", "block"],
+    ]
