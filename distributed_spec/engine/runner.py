@@ -45,9 +45,8 @@ class ModelRunner:
         self.compact_fraction = compact_fraction
         # The logits' width; a sub-vocabulary draft head still returns logits over config.vocab_size.
         self.vocab_size = int(model.config.vocab_size)
-        # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         forward_params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._cache_kwarg = _cache_kwarg(model)
         self._can_keep_logits = "logits_to_keep" in forward_params
         self.num_forward_calls = 0
         self.cache: DynamicCache | None = None
@@ -185,6 +184,15 @@ class ModelRunner:
         num_unused = self.num_slots - int(self.num_kept_tokens().max())
         if num_unused > self.compact_fraction * self.num_slots:
             self.compact()
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    """The KV cache's keyword: transformers 5.x renamed `past_key_values` to `cache`. A wrapper whose
+    forward passes **kwargs on (the sub-vocabulary draft) takes its base model's name."""
+    for forward in (model.forward, getattr(model, "base_model", model).forward):
+        if "cache" in inspect.signature(forward).parameters:
+            return "cache"
+    return "past_key_values"
 
 
 def _gather_slots(cache: DynamicCache, order: torch.Tensor) -> None:

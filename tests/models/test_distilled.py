@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from distributed_spec.engine import ModelRunner
 from distributed_spec.models.distilled import (
     DISTILLED_SMOLLM2_DRAFT_DIR,
     build_draft,
@@ -143,6 +145,18 @@ def test_save_load_roundtrip_and_kv_cache(tmp_path, sub_vocab_size):
     input_ids = torch.randint(0, VOCAB_SIZE, (3, 7), generator=torch.Generator().manual_seed(2))
     assert loaded(input_ids=input_ids).logits.shape == (3, 7, VOCAB_SIZE)
     _assert_incremental_matches_full(loaded, input_ids, num_incremental=3)
+
+
+def test_runner_passes_the_cache_under_the_name_the_base_model_takes():
+    """The sub-vocabulary draft's forward takes **kwargs: the runner must not fall back to the
+    deprecated `past_key_values` when the base model takes `cache` (transformers 5.x)."""
+    target = _tiny_target()
+    draft = build_draft(target, draft_llama_config(target.config, 1, 16), torch.arange(0, 48, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        runner = ModelRunner(draft)
+        runner.prefill([[3, 4, 5]])
+        assert runner.forward_tokens(torch.tensor([[6, 7]])).shape == (1, 2, VOCAB_SIZE)
 
 
 def test_load_rejects_a_draft_made_for_another_target(tmp_path):
