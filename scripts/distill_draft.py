@@ -33,17 +33,16 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distributed_spec.models.distilled import (
     DISTILLED_SMOLLM2_DRAFT_DIR,
-    SUB_VOCAB_KEY,
-    WEIGHTS_NAME,
+    WEIGHT_FORMATS,
     build_draft,
     draft_llama_config,
     load_distilled_draft,
+    read_draft_weights,
     save_distilled_draft,
     trainable_state_dict,
 )
@@ -404,11 +403,11 @@ def run_train(args, target_model):
     records = load_records(args.work_dir, "train")
     state_path = Path(args.work_dir) / "train_state.pt"
     state = torch.load(state_path, weights_only=True) if args.resume and state_path.exists() else None
-    initial = None if state is not None or not args.init_from else load_file(str(Path(args.init_from) / WEIGHTS_NAME))
+    initial, initial_sub_vocab = (None, None) if state is not None or not args.init_from else read_draft_weights(args.init_from)
     if state is not None and not args.refresh_sub_vocab:
         sub_vocab_ids = state["sub_vocab_ids"]
-    elif initial is not None and not args.refresh_sub_vocab and SUB_VOCAB_KEY in initial:
-        sub_vocab_ids = initial[SUB_VOCAB_KEY].long()
+    elif initial is not None and not args.refresh_sub_vocab and initial_sub_vocab is not None:
+        sub_vocab_ids = initial_sub_vocab.long()
     else:
         sub_vocab_ids = choose_sub_vocab(records, target_model.config.vocab_size, args.sub_vocab_size)
     config = draft_llama_config(target_model.config, args.num_layers, args.intermediate_size)
@@ -424,7 +423,7 @@ def run_train(args, target_model):
         start = state["step"]
         logger.info("resumed from %s at step %d", state_path, start)
     elif initial is not None:
-        # Warm start from an exported draft of the same shape (its bf16 layers; the head rows are the target's).
+        # Warm start from an exported draft of the same shape (its stored layers; the head rows are the target's).
         with torch.no_grad():
             for name, tensor in trainable_state_dict(draft).items():
                 tensor.copy_(initial[name])
@@ -572,6 +571,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--intermediate-size", type=int, default=768)
     parser.add_argument("--sub-vocab-size", type=int, default=8192, help="K tokens the draft scores; 0: all V")
+    parser.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="bf16",
+                        help="export: bf16, or int8 linear weights with per-row scales (half the bytes)")
     parser.add_argument("--init-from", default=None,
                         help="exported draft folder to start training from (same shape), instead of --init-layers")
     parser.add_argument("--init-layers", default="first,last",
@@ -624,7 +625,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "export" in args.stages:
         if "train" not in args.stages:
             draft = restore_draft(args, model)
-        save_distilled_draft(draft, args.out_dir, extra_config={"made_by": " ".join(["python -m scripts.distill_draft", *(argv if argv is not None else sys.argv[1:])])})
+        made_by = " ".join(["python -m scripts.distill_draft", *(argv if argv is not None else sys.argv[1:])])
+        save_distilled_draft(draft, args.out_dir, extra_config={"made_by": made_by}, weight_format=args.weight_format)
         logger.info("exported draft to %s", args.out_dir)
     if "eval" in args.stages:
         if not _shard_paths(args.work_dir):

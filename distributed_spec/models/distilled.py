@@ -13,7 +13,10 @@ max(p - q, 0) covers the tokens the draft cannot propose.
 
 Checkpoint folder layout (what `save_distilled_draft` writes and `load_distilled_draft` reads):
     draft_config.json    format tag, the draft's LlamaConfig, the target's vocab/hidden size, K
-    model.safetensors    decoder layers + final norm (bf16), `sub_vocab_ids` (int32 [K]) if any
+    model.safetensors    decoder layers + final norm (bf16), `sub_vocab_ids` (int32 [K]) if any;
+                         with weight_format "int8", each linear weight [out, in] is int8 with a
+                         float32 `<name>_scale` [out, 1] (symmetric, per output row): half the bytes,
+                         so twice the layers fit in the same checkpoint size
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ DRAFT_FORMAT = "distributed_spec.distilled_draft.v1"
 CONFIG_NAME = "draft_config.json"
 WEIGHTS_NAME = "model.safetensors"
 SUB_VOCAB_KEY = "sub_vocab_ids"
+SCALE_SUFFIX = "_scale"
+WEIGHT_FORMATS = ("bf16", "int8")
 
 
 class SubVocabLlamaForCausalLM(LlamaForCausalLM):
@@ -154,16 +159,53 @@ def trainable_state_dict(draft: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     }
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] float -> (int8 [out, in], float32 scale [out, 1]); weight ~ q * scale."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    return (weight / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def _stored_tensors(draft: LlamaForCausalLM, weight_format: str) -> dict[str, torch.Tensor]:
+    """The draft's own weights as written to model.safetensors (bf16, or int8 + scale for matrices)."""
+    tensors = {}
+    for name, tensor in trainable_state_dict(draft).items():
+        if weight_format == "int8" and tensor.dim() == 2:
+            tensors[name], tensors[name + SCALE_SUFFIX] = quantize_int8(tensor)
+        else:
+            tensors[name] = tensor.detach().to(torch.bfloat16)
+    return {name: tensor.contiguous().cpu() for name, tensor in tensors.items()}
+
+
+def read_draft_weights(checkpoint_dir: str | Path) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """model.safetensors of a draft folder -> (float32 weights by name, int32 sub_vocab_ids or None).
+
+    int8 matrices are dequantized (q * scale); bf16 tensors are widened.
+    """
+    tensors = load_file(str(Path(checkpoint_dir) / WEIGHTS_NAME))
+    sub_vocab_ids = tensors.pop(SUB_VOCAB_KEY, None)
+    weights = {}
+    for name, tensor in tensors.items():
+        if name.endswith(SCALE_SUFFIX):
+            continue
+        scale = tensors.get(name + SCALE_SUFFIX)
+        weights[name] = tensor.float() * scale if scale is not None else tensor.float()
+    return weights, sub_vocab_ids
+
+
 def save_distilled_draft(
-    draft: LlamaForCausalLM, out_dir: str | Path, extra_config: dict | None = None
+    draft: LlamaForCausalLM, out_dir: str | Path, extra_config: dict | None = None, weight_format: str = "bf16"
 ) -> Path:
-    """Write draft_config.json and model.safetensors (bf16 weights) into out_dir; returns out_dir."""
+    """Write draft_config.json and model.safetensors into out_dir; returns out_dir.
+
+    weight_format: "bf16" (every tensor bf16) or "int8" (linear weights int8 with per-row scales;
+    norms bf16).
+    """
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        name: t.detach().to(torch.bfloat16).contiguous().cpu()
-        for name, t in trainable_state_dict(draft).items()
-    }
+    tensors = _stored_tensors(draft, weight_format)
     sub_vocab_ids = getattr(draft, "sub_vocab_ids", None)
     if sub_vocab_ids is not None:
         tensors[SUB_VOCAB_KEY] = sub_vocab_ids.to(torch.int32).cpu()
@@ -174,6 +216,7 @@ def save_distilled_draft(
         "target_vocab_size": draft.config.vocab_size,
         "target_hidden_size": draft.config.hidden_size,
         "sub_vocab_size": None if sub_vocab_ids is None else int(sub_vocab_ids.numel()),
+        "weight_format": weight_format,
         **(extra_config or {}),
     }
     (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -206,8 +249,7 @@ def load_distilled_draft(checkpoint_dir: str | Path, target_model: nn.Module) ->
             f"{meta['target_hidden_size']}, but the target has vocab {target_config.vocab_size} and hidden "
             f"{target_config.hidden_size}: choose the draft checkpoint made for this target"
         )
-    tensors = load_file(str(checkpoint_dir / WEIGHTS_NAME))
-    sub_vocab_ids = tensors.pop(SUB_VOCAB_KEY, None)
+    tensors, sub_vocab_ids = read_draft_weights(checkpoint_dir)
     config = LlamaConfig.from_dict(meta["llama_config"])
     draft = build_draft(target_model, config, sub_vocab_ids)
     own = trainable_state_dict(draft)

@@ -24,6 +24,7 @@ from distributed_spec.models.distilled import (
     build_draft,
     draft_llama_config,
     load_distilled_draft,
+    read_draft_weights,
     save_distilled_draft,
 )
 
@@ -120,6 +121,17 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
     for name, tensor in started["draft"].items():
         assert torch.equal(tensor.to(torch.bfloat16), exported[name]), name
 
+    # An int8 export of the same training state warm-starts from its dequantized weights.
+    script.main([*common, "--stages", "export", "--out-dir", str(tmp_path / "draft8"), "--weight-format", "int8"])
+    dequantized, _ = read_draft_weights(tmp_path / "draft8")
+    assert load_file(str(tmp_path / "draft8" / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"].dtype == torch.int8
+    shutil.copytree(tmp_path / "work" / "data", tmp_path / "warm8" / "data")
+    script.main([*warm, "--work-dir", str(tmp_path / "warm8"), "--init-from", str(tmp_path / "draft8"),
+                 "--steps", "1", "--lr", "0", "--stages", "train"])
+    started8 = torch.load(tmp_path / "warm8" / "train_state.pt", weights_only=True)
+    for name, tensor in started8["draft"].items():
+        assert torch.equal(tensor, dequantized[name]), name
+
     target = LlamaForCausalLM.from_pretrained(target_dir).eval()
     draft = load_distilled_draft(tmp_path / "draft", target)
     assert len(draft.model.layers) == 2
@@ -145,6 +157,29 @@ def test_save_load_roundtrip_and_kv_cache(tmp_path, sub_vocab_size):
     input_ids = torch.randint(0, VOCAB_SIZE, (3, 7), generator=torch.Generator().manual_seed(2))
     assert loaded(input_ids=input_ids).logits.shape == (3, 7, VOCAB_SIZE)
     _assert_incremental_matches_full(loaded, input_ids, num_incremental=3)
+
+
+def test_int8_export_stores_int8_matrices_and_loads_within_half_a_step(tmp_path):
+    target = _tiny_target()
+    draft = build_draft(target, draft_llama_config(target.config, 2, 16), torch.arange(0, 48, 2))
+    save_distilled_draft(draft, tmp_path / "bf16")
+    save_distilled_draft(draft, tmp_path / "int8", weight_format="int8")
+    stored = load_file(str(tmp_path / "int8" / "model.safetensors"))
+    own = {name: t for name, t in draft.state_dict().items() if name.startswith("model.layers.")}
+    for name, tensor in own.items():
+        assert stored[name].dtype == (torch.int8 if tensor.dim() == 2 else torch.bfloat16)
+    loaded = load_distilled_draft(tmp_path / "int8", target)
+    for name, tensor in loaded.state_dict().items():
+        if name in own and own[name].dim() == 2:
+            # Symmetric rounding: every weight within half a quantization step of its own row.
+            step = own[name].abs().amax(dim=1, keepdim=True) / 127
+            assert ((tensor - own[name]).abs() <= step / 2 + 1e-7).all(), name
+    assert json.loads((tmp_path / "int8" / "draft_config.json").read_text())["weight_format"] == "int8"
+    # The matrices are the bulk of the bytes: int8 stores close to half of bf16.
+    sizes = {fmt: (tmp_path / fmt / "model.safetensors").stat().st_size for fmt in ("bf16", "int8")}
+    assert sizes["int8"] < 0.75 * sizes["bf16"]
+    with pytest.raises(ValueError, match="weight_format"):
+        save_distilled_draft(draft, tmp_path / "x", weight_format="int4")
 
 
 def test_runner_passes_the_cache_under_the_name_the_base_model_takes():
