@@ -272,3 +272,24 @@ def test_tv_loss_step_raises_acceptance():
     with torch.no_grad():
         after = script.bucket_acceptance(sub_logits - 1.0 * sub_logits.grad, *targets)
     assert torch.all(after > before.detach())
+
+
+def test_grown_draft_computes_what_the_original_computes(tmp_path):
+    """scripts/grow_draft.py inserts identity layers: same logits as the original, more layers to train."""
+    from scripts.grow_draft import grow_draft
+
+    target = _tiny_target()
+    draft = build_draft(target, draft_llama_config(target.config, 2, 16), torch.arange(0, 48, 2))
+    with torch.no_grad():
+        for parameter in draft.model.layers.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    save_distilled_draft(draft, tmp_path / "small")
+    assert grow_draft(tmp_path / "small", tmp_path / "grown", target, insert_at=1, new_layers="0,2") == 4
+    small, grown = load_distilled_draft(tmp_path / "small", target), load_distilled_draft(tmp_path / "grown", target)
+    assert len(grown.model.layers) == 4
+    assert not torch.equal(grown.model.layers[1].mlp.up_proj.weight, torch.zeros_like(grown.model.layers[1].mlp.up_proj.weight))
+    input_ids = torch.randint(0, VOCAB_SIZE, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(grown(input_ids=input_ids).logits, small(input_ids=input_ids).logits, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="insert-at"):
+        grow_draft(tmp_path / "small", tmp_path / "bad", target, insert_at=3, new_layers="0")
