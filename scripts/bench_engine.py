@@ -91,7 +91,7 @@ def table_row(method: str, stats: RunStats, baseline_tokens_per_s: float) -> str
     return (
         f"| {method} | {stats.tokens_per_s:.1f} | {speedup:.2f}x | {stats.block_efficiency:.2f} | "
         f"{stats.num_target_calls} | {stats.num_draft_calls} | {acceptance} | "
-        f"{stats.prefill_s:.1f} / {stats.draft_s:.1f} / {stats.target_s:.1f} / {stats.verify_s:.2f} / "
+        f"{stats.draft_s:.1f} / {stats.target_s:.1f} / {stats.verify_s:.2f} / "
         f"{stats.other_s:.2f} |"
     )
 
@@ -154,7 +154,7 @@ def main() -> None:
     )
     print(
         "| method | tokens/s | speedup | block efficiency | target calls | draft calls | "
-        "acceptance per position | prefill / draft / target / verify / other s |"
+        "acceptance per position | draft / target / verify / other s |"
     )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))

@@ -20,8 +20,8 @@ With parallel.overlap the draft also runs `propose_ahead` between 2 and 4, i.e. 
 
 Faults: every wait covers all shards and the draft (`ray.wait`, so a dead actor surfaces at once
 as RayActorError; a hung group after parallel.step_timeout_s). The coordinator then tears the whole
-runtime down, launches a new one (new placement group, new port), prefills each unfinished row with
-prompt + the tokens it already committed, and goes on; at most parallel.max_restarts times.
+runtime down, launches a new one (new placement group, new port), starts each unfinished row again
+from prompt + the tokens it already committed, and goes on; at most parallel.max_restarts times.
 Shutdown: `close()` (also from the context manager, Ctrl-C, SIGTERM and interpreter exit) kills
 every actor and removes the placement group.
 """
@@ -61,7 +61,7 @@ class GroupFailure(RuntimeError):
 
 @dataclass
 class RuntimeTimings:
-    """Where the iterations' wall-clock time went (decoding only, prefill excluded)."""
+    """Where the iterations' wall-clock time went (the prompts are processed in the first iteration)."""
 
     num_iterations: int = 0
     # Sum of the coordinator's wall-clock time per iteration.
@@ -260,12 +260,12 @@ class RayCoordinator:
         while batch.rows:
             try:
                 self.start()
-                self._prefill(batch, stats)
+                self._start(batch)
                 self._decode(batch, stats, generator, tokenizer)
             except FAULT_ERRORS as error:
                 self._restart(error)
         stats.total_s = time.perf_counter() - start_time
-        stats.other_s = stats.total_s - stats.prefill_s - stats.draft_s - stats.target_s - stats.verify_s
+        stats.other_s = stats.total_s - stats.draft_s - stats.target_s - stats.verify_s
         for row in range(num_rows):
             batch.row_stats[row].num_tokens = len(batch.outputs[row])
         stats.num_tokens = sum(len(output) for output in batch.outputs)
@@ -297,23 +297,22 @@ class RayCoordinator:
             self.runtime.max_restarts,
         )
 
-    def _prefill(self, batch: _Batch, stats: RunStats) -> None:
-        """Prefill every actor with prompt + committed tokens of each active row (resume after a fault)."""
-        start = time.perf_counter()
+    def _start(self, batch: _Batch) -> None:
+        """Start every actor's batch with prompt + committed tokens of each active row (these go through
+        the models with the first iteration's forwards; the committed tokens are there after a fault)."""
         sequences = [batch.prompts[row] + batch.outputs[row] for row in batch.rows]
         settings = decode_settings(self.config, self.runtime)
-        refs = [shard.prefill.remote(sequences, settings) for shard in self.actors.shards]
+        refs = [shard.start.remote(sequences, settings) for shard in self.actors.shards]
         if self.actors.draft is not None:
-            refs.append(self.actors.draft.prefill.remote(sequences, settings))
+            refs.append(self.actors.draft.start.remote(sequences, settings))
         self._wait(refs, self.runtime.load_timeout_s)
-        if max(len(sequence) for sequence in sequences) > 1:
-            stats.num_prefill_calls += 2 if self.actors.draft is not None else 1
-        stats.prefill_s += time.perf_counter() - start
 
     def _decode(self, batch: _Batch, stats: RunStats, generator: torch.Generator, tokenizer) -> None:
         """Iterate until every row of the batch has finished (or the runtime fails)."""
         config, actors, timings = self.config, self.actors, self.timings
         keep_rows: torch.Tensor | None = None
+        # The first iteration also runs the staged prompts through both models: it gets the load timeout.
+        timeout_s = max(self.runtime.load_timeout_s, self.runtime.step_timeout_s)
         while batch.rows:
             iteration_start = time.perf_counter()
             num_rows = len(batch.rows)
@@ -344,7 +343,8 @@ class RayCoordinator:
                     )
                 actors.draft.commit.remote(result_refs[0])
             submitted = time.perf_counter()
-            result: StepResult = self._wait(result_refs, self.runtime.step_timeout_s)[0]
+            result: StepResult = self._wait(result_refs, timeout_s)[0]
+            timeout_s = self.runtime.step_timeout_s
             answered = time.perf_counter()
 
             if config.uses_draft and config.gamma_schedule == "adaptive":
@@ -438,7 +438,7 @@ class RayCoordinator:
 
 
 def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSettings:
-    """The per-batch settings every actor receives with its prefill."""
+    """The per-batch settings every actor receives when a batch starts."""
     # Greedy verification never reads q: nothing but the draft ids needs to travel.
     wire = WireFormat(
         dtype=runtime.wire_dtype, top_k=runtime.wire_top_k, send_probs=config.method != "greedy"

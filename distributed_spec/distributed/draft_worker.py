@@ -9,7 +9,7 @@ X_1..X_g, `commit` rolls its cache back to the kept prefix. Two additions, both 
   accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
   would have drawn from that context); otherwise the 2g speculative slots are rolled back.
 
-Verbs: `load`, `prefill`, `propose`, `propose_ahead`, `commit`, `shutdown`.
+Verbs: `load`, `start`, `propose`, `propose_ahead`, `commit`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -101,11 +101,12 @@ class DraftWorker:
         max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
 
-    def prefill(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
-        """Start a batch: cache prompt[:-1] of every row; the last prompt token is the first pending input."""
+    def start(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
+        """Start a batch: stage prompt[:-1] of every row (it goes in with the first draft step); the last
+        prompt token is the first pending input."""
         self.sampling, self.wire = settings.sampling, settings.wire
         self.confidence_threshold = settings.draft_confidence_threshold
-        self.runner.prefill([prompt[:-1] for prompt in prompt_ids])
+        self.runner.start([prompt[:-1] for prompt in prompt_ids])
         self.input_ids = torch.tensor([[prompt[-1]] for prompt in prompt_ids], device=self.device)  # [B, 1]
         self.input_mask = torch.ones_like(self.input_ids)  # [B, 1]
         self.draft_ids: torch.Tensor | None = None  # [B, g] of the block being verified

@@ -12,7 +12,7 @@ from distributed_spec.verify import SamplingParams
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How a batch is decoded; sent with every prefill, so one launched runtime serves any config."""
+    """How a batch is decoded; sent when every batch starts, so one launched runtime serves any config."""
 
     # Verifier: "block", "token", "greedy", or "autoregressive" (no draft).
     method: str

@@ -6,7 +6,7 @@ the same factory, and keeps only its slice through DeepSpeed AutoTP
 sharding pass the model is an ordinary module whose linear layers all-reduce inside the group, so
 the single-process runner drives it unchanged (STYLE.md habits 4 and 5).
 
-Verbs: `node_id`, `load`, `logits` (tests), `prefill`, `score_and_verify`, `shutdown`.
+Verbs: `node_id`, `load`, `logits` (tests), `start`, `score_and_verify`, `shutdown`.
 
 One step (`score_and_verify`): every rank scores [Y, X_1..X_g] in one forward (the all-reduces of
 the row-parallel layers run inside it); rank 0 decodes q and verifies with the uniforms the
@@ -98,10 +98,11 @@ class TargetShard:
         max_context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
 
-    def prefill(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
-        """Start a batch: cache prompt[:-1] of every row; the last prompt token is each row's first Y."""
+    def start(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
+        """Start a batch: stage prompt[:-1] of every row (it goes in with the first scored block); the
+        last prompt token is each row's first Y."""
         self.method, self.sampling = settings.method, settings.sampling
-        self.runner.prefill([prompt[:-1] for prompt in prompt_ids])
+        self.runner.start([prompt[:-1] for prompt in prompt_ids])
         self.last_ids = torch.tensor([prompt[-1] for prompt in prompt_ids], device=self.device)  # [B]
 
     @torch.no_grad()

@@ -13,10 +13,11 @@ API:
     .generate_with_stats(...) -> (list[GenerationResult], RunStats)
     .target_runner / .draft_runner: the ModelRunners it drives.
 - GenerationResult(token_ids, finish_reason in {"eos", "stop", "length"}, stats: RowStats).
-- RunStats: num_target_calls, num_draft_calls, num_prefill_calls, num_tokens, block_efficiency,
-  acceptance_per_position, mean_accepted_length, tokens_per_s, prefill_s/draft_s/target_s/verify_s/other_s,
+- RunStats: num_target_calls, num_draft_calls, num_tokens, block_efficiency,
+  acceptance_per_position, mean_accepted_length, tokens_per_s, draft_s/target_s/verify_s/other_s,
   total_s; .merge(other), .as_dict().
-- ModelRunner(model): a model + its batched KV cache. Verbs: prefill(prompt_ids) -> logits [B, V],
+- ModelRunner(model): a model + its batched KV cache. Verbs: start(prompt_ids) (staged: they go in with
+  the next forward), prefill(prompt_ids) -> logits [B, V],
   forward_tokens(input_ids [B, n], input_mask [B, n]) -> logits [B, n, V],
   rollback(num_kept [B], num_new_slots), drop_rows(keep_rows [B']), compact().
 - Steps of one iteration (steps.py), the pieces the Ray coordinator replays:

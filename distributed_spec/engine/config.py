@@ -97,7 +97,7 @@ class RowStats:
 
     # Tokens generated for this prompt (the output length).
     num_tokens: int = 0
-    # Decoding iterations this row took part in = target calls it needed (prefill excluded).
+    # Decoding iterations this row took part in = target calls it needed (the first also read the prompt).
     num_iterations: int = 0
     # Draft tokens accepted over all iterations.
     num_accepted: int = 0
@@ -113,11 +113,10 @@ class RunStats:
     """What a run (one or more batches) cost; `merge` adds two runs."""
 
     gamma: int = 0
-    # Batched forward passes (each serves every active row at once), decoding only.
+    # Batched forward passes (each serves every active row at once); there is no separate prefill:
+    # each batch's first draft and target forwards also process its prompts.
     num_target_calls: int = 0
     num_draft_calls: int = 0
-    # Batched prefill forwards (one per batch and model).
-    num_prefill_calls: int = 0
     # Tokens generated over all rows.
     num_tokens: int = 0
     # Sum over target calls of the rows they served: the denominator of block efficiency.
@@ -125,9 +124,8 @@ class RunStats:
     # [g] per draft position i: rows that verified a draft token at i / rows that kept it.
     num_proposed_per_position: list[int] = field(default_factory=list)
     num_accepted_per_position: list[int] = field(default_factory=list)
-    # Wall-clock seconds: prefill of both models, draft proposals, target scoring, verification, and
+    # Wall-clock seconds: draft proposals, target scoring (prompts included), verification, and
     # everything else (cache rollback/compaction, bookkeeping, stop checks).
-    prefill_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
@@ -165,7 +163,6 @@ class RunStats:
             gamma=gamma,
             num_target_calls=self.num_target_calls + other.num_target_calls,
             num_draft_calls=self.num_draft_calls + other.num_draft_calls,
-            num_prefill_calls=self.num_prefill_calls + other.num_prefill_calls,
             num_tokens=self.num_tokens + other.num_tokens,
             num_row_iterations=self.num_row_iterations + other.num_row_iterations,
             num_proposed_per_position=[
@@ -180,7 +177,6 @@ class RunStats:
                     padded(self.num_accepted_per_position), padded(other.num_accepted_per_position)
                 )
             ],
-            prefill_s=self.prefill_s + other.prefill_s,
             draft_s=self.draft_s + other.draft_s,
             target_s=self.target_s + other.target_s,
             verify_s=self.verify_s + other.verify_s,
@@ -193,13 +189,11 @@ class RunStats:
         return {
             "num_target_calls": self.num_target_calls,
             "num_draft_calls": self.num_draft_calls,
-            "num_prefill_calls": self.num_prefill_calls,
             "num_tokens": self.num_tokens,
             "block_efficiency": self.block_efficiency,
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_per_position": self.acceptance_per_position,
             "tokens_per_s": self.tokens_per_s,
-            "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,
             "target_s": self.target_s,
             "verify_s": self.verify_s,

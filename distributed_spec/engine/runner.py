@@ -3,7 +3,10 @@
     from distributed_spec.engine.runner import ModelRunner
 
 The same class serves the draft and the target (and, in the Ray runtime, each tensor-parallel shard
-of the target). Its verbs: `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
+of the target). Its verbs: `start`, `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
+`start` stages a batch's prompts so that they go through the model with the first `forward_tokens`
+call (the first draft step, or the first block the target scores): one forward per batch fewer than
+`prefill` + `forward_tokens`, as in HF assisted generation, with the same cache afterwards.
 
 How a batch of ragged rows lives in one cache (exact, no recompute):
 - The cache has L slots per row (a `transformers.DynamicCache`, [B, H, L, D] per layer) and
@@ -52,6 +55,9 @@ class ModelRunner:
         self.cache: DynamicCache | None = None
         # [B, L] long: 1 where slot l of row b holds a kept token.
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        # [B, P] / [B, P] long: staged prompt tokens (left-padded) that the next forward feeds first.
+        self._staged_ids: torch.Tensor | None = None
+        self._staged_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -68,6 +74,15 @@ class ModelRunner:
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache()
         self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        self._staged_ids = self._staged_mask = None
+
+    def start(self, prompt_ids: list[list[int]]) -> None:
+        """Start a new batch without a forward: the prompts (rows may be empty) go through the model
+        with the next `forward_tokens` call, ahead of its tokens."""
+        self.reset(len(prompt_ids))
+        staged_ids, staged_mask = _left_pad(prompt_ids)
+        if staged_ids.shape[1] > 0:
+            self._staged_ids, self._staged_mask = staged_ids.to(self.device), staged_mask.to(self.device)
 
     @torch.no_grad()
     def prefill(self, prompt_ids: list[list[int]]) -> torch.Tensor | None:
@@ -78,15 +93,9 @@ class ModelRunner:
         meaningless logits.
         """
         self.reset(len(prompt_ids))
-        max_len = max((len(ids) for ids in prompt_ids), default=0)
-        if max_len == 0:
+        input_ids, input_mask = _left_pad(prompt_ids)
+        if input_ids.shape[1] == 0:
             return None
-        input_ids = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
-        input_mask = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
-        for row, ids in enumerate(prompt_ids):
-            if ids:
-                input_ids[row, max_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-                input_mask[row, max_len - len(ids) :] = 1
         logits = self.forward_tokens(input_ids.to(self.device), input_mask.to(self.device), num_logits=1)
         return logits[:, -1]
 
@@ -112,6 +121,13 @@ class ModelRunner:
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
         input_mask = input_mask.to(torch.long)
+        if self._staged_ids is not None:
+            # The staged prompts go first, in the same forward; only the caller's n positions come back.
+            num_logits = min(num_logits or num_new, num_new)
+            input_ids = torch.cat([self._staged_ids, input_ids], dim=1)
+            input_mask = torch.cat([self._staged_mask, input_mask], dim=1)
+            num_new = input_ids.shape[1]
+            self._staged_ids = self._staged_mask = None
         # Position of each new token = kept slots before it in its row; padding slots reuse a valid id.
         position_ids = self.num_kept_tokens()[:, None] + input_mask.cumsum(dim=-1) - 1
         position_ids = position_ids.clamp(min=0)
@@ -153,6 +169,8 @@ class ModelRunner:
     def drop_rows(self, keep_rows: torch.Tensor) -> None:
         """Keep only the rows `keep_rows` ([B'] long indices, in the new order)."""
         keep_rows = keep_rows.to(self.device)
+        if self._staged_ids is not None:
+            self._staged_ids, self._staged_mask = self._staged_ids[keep_rows], self._staged_mask[keep_rows]
         if self.cache is not None:
             self.cache.batch_select_indices(keep_rows)
         self.slot_mask = self.slot_mask[keep_rows]
@@ -184,6 +202,18 @@ class ModelRunner:
         num_unused = self.num_slots - int(self.num_kept_tokens().max())
         if num_unused > self.compact_fraction * self.num_slots:
             self.compact()
+
+
+def _left_pad(prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, P] ids and mask (1 = real token) of the prompts, left-padded to the longest, P may be 0."""
+    max_len = max((len(ids) for ids in prompt_ids), default=0)
+    input_ids = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
+    input_mask = torch.zeros(len(prompt_ids), max_len, dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        if ids:
+            input_ids[row, max_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            input_mask[row, max_len - len(ids) :] = 1
+    return input_ids, input_mask
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:

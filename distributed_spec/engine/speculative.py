@@ -5,8 +5,10 @@
         [[1, 2, 3], [4, 5]]
     )
 
-Per batch: prefill both models on prompt[:-1] (the last prompt token is the first pending Y), then
-iterate propose -> score -> verify -> commit (steps.py) until every row has finished. Rows finish on
+Per batch: stage prompt[:-1] in both runners (the last prompt token is the first pending Y; the staged
+tokens go through each model with its first forward of the first iteration, so a batch costs no
+separate prefill call), then iterate propose -> score -> verify -> commit (steps.py) until every row
+has finished. Rows finish on
 an EOS id, a stop string or max_new_tokens, and are then dropped from both caches. Every generated
 token comes out of a decoding iteration, so block efficiency = tokens / (row, target call) pairs.
 The "autoregressive" method is the same loop with g = 0 and no draft: the baseline.
@@ -46,7 +48,7 @@ class _Stopwatch:
 
     def __init__(self, device: torch.device) -> None:
         self.sync = device.type == "cuda"
-        self.seconds: dict[str, float] = {"prefill": 0.0, "draft": 0.0, "target": 0.0, "verify": 0.0}
+        self.seconds: dict[str, float] = {"draft": 0.0, "target": 0.0, "verify": 0.0}
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -179,11 +181,11 @@ class SpeculativeEngine:
     def _check_prompts(self, prompts: list[list[int]]) -> list[int]:
         return prompt_budgets(prompts, self.target_runner.vocab_size, self.max_context, self.config.max_new_tokens)
 
-    def _prefill(self, prompts: list[list[int]], stats: RunStats) -> None:
-        """Prefill both caches with prompt[:-1]; the last prompt token is each row's first Y."""
+    def _start(self, prompts: list[list[int]]) -> None:
+        """Stage prompt[:-1] in both runners; the last prompt token is each row's first Y."""
         for runner in (self.target_runner, self.draft_runner):
-            if runner is not None and runner.prefill([prompt[:-1] for prompt in prompts]) is not None:
-                stats.num_prefill_calls += 1
+            if runner is not None:
+                runner.start([prompt[:-1] for prompt in prompts])
 
     def _generate_batch(
         self,
@@ -192,7 +194,8 @@ class SpeculativeEngine:
         generator: torch.Generator,
         tokenizer,
     ) -> tuple[list[GenerationResult], RunStats]:
-        """Decode one batch to the end: prefill, then step / record / drop finished rows until none is left."""
+        """Decode one batch to the end: stage the prompts, then step / record / drop finished rows until none
+        is left."""
         gamma_limit = self.config.gamma_limit
         stats = RunStats(
             gamma=gamma_limit,
@@ -201,8 +204,7 @@ class SpeculativeEngine:
         )
         watch = _Stopwatch(self.device)
         start_time = time.perf_counter()
-        with watch.section("prefill"):
-            self._prefill(prompts, stats)
+        self._start(prompts)
         target_calls_before = self.target_runner.num_forward_calls
         draft_calls_before = self.draft_runner.num_forward_calls if self.draft_runner else 0
         batch = _Batch.start(prompts, budgets, self.config.gamma, self.device)
@@ -219,10 +221,8 @@ class SpeculativeEngine:
         if self.draft_runner is not None:
             stats.num_draft_calls = self.draft_runner.num_forward_calls - draft_calls_before
         stats.total_s = time.perf_counter() - start_time
-        stats.prefill_s, stats.draft_s, stats.target_s, stats.verify_s = (
-            watch.seconds[name] for name in ("prefill", "draft", "target", "verify")
-        )
-        stats.other_s = stats.total_s - stats.prefill_s - stats.draft_s - stats.target_s - stats.verify_s
+        stats.draft_s, stats.target_s, stats.verify_s = (watch.seconds[name] for name in ("draft", "target", "verify"))
+        stats.other_s = stats.total_s - stats.draft_s - stats.target_s - stats.verify_s
         stats.num_tokens = sum(len(output) for output in batch.outputs)
         results = []
         for output, reason, row_stats in zip(batch.outputs, batch.finish_reasons, batch.row_stats):

@@ -96,3 +96,36 @@ def test_num_logits_gives_the_last_logits_and_a_dense_lm_head_input():
     for hidden in head_inputs:
         assert hidden.shape[1] in (1, 2)
         assert hidden.stride() == torch.empty(hidden.shape).stride()
+
+
+def test_started_prompts_go_in_with_the_first_forward():
+    model = tiny_llama(vocab_size=32, seed=6)
+    prompts = [[4, 5, 6, 7], [], [8, 9, 10, 11, 12, 13]]
+    block = torch.tensor([[14, 15, 16], [17, 18, 19], [20, 21, 22]])  # [B, g+1]
+    prefilled = ModelRunner(model)
+    prefilled.prefill(prompts)
+    expected = prefilled.forward_tokens(block)  # [B, 3, V]
+    started = ModelRunner(model)
+    started.start(prompts)
+    assert started.num_forward_calls == 0 and started.num_slots == 0
+    logits = started.forward_tokens(block)
+    assert started.num_forward_calls == 1
+    assert logits.shape == (3, 3, 32)
+    torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
+    assert started.num_kept_tokens().tolist() == [len(prompt) + 3 for prompt in prompts]
+    # The staged prompts precede the block: rollback counts the block's slots only.
+    started.rollback(torch.tensor([1, 3, 2]), num_new_slots=3)
+    probe = started.forward_tokens(torch.tensor([[23], [24], [25]]), num_logits=1)[:, 0]
+    kept = [prompts[0] + [14, 23], prompts[1] + [17, 18, 19, 24], prompts[2] + [20, 21, 25]]
+    for row in range(3):
+        torch.testing.assert_close(probe[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)
+
+
+def test_rows_dropped_before_the_first_forward_leave_the_staged_prompts():
+    model = tiny_llama(vocab_size=32, seed=7)
+    runner = ModelRunner(model)
+    runner.start([[3, 4, 5], [6, 7], [8]])
+    runner.drop_rows(torch.tensor([2, 0]))
+    logits = runner.forward_tokens(torch.tensor([[9], [10]]), num_logits=1)[:, 0]
+    torch.testing.assert_close(logits[0], _fresh_last_logits(model, [8, 9]), atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1], _fresh_last_logits(model, [3, 4, 5, 10]), atol=ATOL, rtol=0)

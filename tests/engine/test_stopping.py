@@ -88,9 +88,12 @@ def test_sampling_is_reproducible_from_the_seed(tiny_pair):
 def test_batches_and_row_stats_add_up(tiny_pair):
     target, draft = tiny_pair
     config = EngineConfig(method="token", gamma=3, max_new_tokens=12, max_batch_size=2, seed=1)
-    results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS)
+    engine = SpeculativeEngine(target, draft, config)
+    results, stats = engine.generate_with_stats(PROMPTS)
     assert stats.num_tokens == sum(len(result.token_ids) for result in results) == 12 * len(PROMPTS)
     assert stats.num_row_iterations == sum(result.stats.num_iterations for result in results)
-    assert stats.num_prefill_calls == 2 * 3  # 3 batches, target and draft
+    # No separate prefill forward: the prompts go in with each batch's first draft and target forwards.
+    assert engine.target_runner.num_forward_calls == stats.num_target_calls
+    assert engine.draft_runner.num_forward_calls == stats.num_draft_calls
     assert sum(stats.num_accepted_per_position) == sum(result.stats.num_accepted for result in results)
     assert stats.total_s >= stats.draft_s + stats.target_s + stats.verify_s
