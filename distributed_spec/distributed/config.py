@@ -40,7 +40,8 @@ class RayRuntimeConfig:
     # Draft the next block while the shards verify the current one (kept only when the whole block
     # is accepted and the bonus token equals the draft's guess for it).
     overlap: bool = False
-    # Seconds a load call or a batch's first iteration (it processes the prompts) may take (includes the one-time JIT build of the CPU all-reduce).
+    # Seconds a load call, or a batch's first iteration (it also processes the prompts), may take
+    # (a load includes the one-time JIT build of the CPU all-reduce).
     load_timeout_s: float = 600.0
     # Seconds one iteration may take before the coordinator declares the group dead.
     step_timeout_s: float = 60.0

@@ -8,8 +8,8 @@
 Per batch: stage prompt[:-1] in both runners (the last prompt token is the first pending Y; the staged
 tokens go through each model with its first forward of the first iteration, so a batch costs no
 separate prefill call), then iterate propose -> score -> verify -> commit (steps.py) until every row
-has finished. Rows finish on
-an EOS id, a stop string or max_new_tokens, and are then dropped from both caches. Every generated
+has finished. Rows finish on an EOS id, a stop string or max_new_tokens, and are then dropped from
+both caches. Every generated
 token comes out of a decoding iteration, so block efficiency = tokens / (row, target call) pairs.
 The "autoregressive" method is the same loop with g = 0 and no draft: the baseline.
 
