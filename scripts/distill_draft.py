@@ -308,16 +308,23 @@ def init_from_target(draft, target_model, layer_spec: str) -> None:
         draft.model.norm.load_state_dict(target_model.get_decoder().norm.state_dict())
 
 
-def make_batch(records: list[dict], vocab_to_sub: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids [B, T], attention_mask [B, T], and per predicted position n (flattened,
-    row-major over the valid (b, t<L_b-1)): sub_ids [n, k] (index into the sub-vocabulary, K = not in it),
-    top_probs [n, k], rest [n], generated [n] (True where the next token was generated, not prompt)."""
+def right_pad(records: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The records' input_ids, right-padded with 0: input_ids [B, T] and attention_mask [B, T]."""
     lengths = [len(r["input_ids"]) for r in records]
     input_ids = torch.zeros(len(records), max(lengths), dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     for b, r in enumerate(records):
         input_ids[b, :lengths[b]] = r["input_ids"].long()
         attention_mask[b, :lengths[b]] = 1
+    return input_ids, attention_mask
+
+
+def make_batch(records: list[dict], vocab_to_sub: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids [B, T], attention_mask [B, T], and per predicted position n (flattened,
+    row-major over the valid (b, t<L_b-1)): sub_ids [n, k] (index into the sub-vocabulary, K = not in it),
+    top_probs [n, k], rest [n], generated [n] (True where the next token was generated, not prompt)."""
+    lengths = [len(r["input_ids"]) for r in records]
+    input_ids, attention_mask = right_pad(records)
     valid = torch.zeros_like(input_ids, dtype=torch.bool)
     for b, length in enumerate(lengths):
         valid[b, :length - 1] = True
@@ -398,6 +405,16 @@ def lr_at(step: int, args) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def optimizer_step(optimizer, params, loss: torch.Tensor, step: int, args) -> None:
+    """One clipped AdamW step on `loss` at the schedule's learning rate for `step`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+
+
 def run_train(args, target_model):
     """Stage 2: train the draft; checkpoints work_dir/train_state.pt every --save-every steps."""
     records = load_records(args.work_dir, "train")
@@ -447,12 +464,7 @@ def run_train(args, target_model):
         cross_entropy, kl = bucket_kl_loss(sub_logits, *targets)
         acceptance = bucket_acceptance(sub_logits, *targets).mean()
         loss = (1.0 - args.tv_weight) * cross_entropy + args.tv_weight * (1.0 - acceptance)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        optimizer_step(optimizer, params, loss, step, args)
         # .item(): the progress bar shows the loss; one sync per step is negligible next to the step itself.
         progress.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}", acc=f"{acceptance.item():.3f}")
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
