@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from distributed_spec.distributed.cpu_comm_op import build_shm_op
 from distributed_spec.distributed.placement import bundle_strategy
 
 
@@ -88,6 +89,9 @@ def init_shard_group(
     """Join the shard group through DeepSpeed (which also initialises torch.distributed)."""
     set_distributed_env(rendezvous, placement, device)
     import deepspeed  # noqa: PLC0415 - must follow set_distributed_env
+
+    if device == "cpu":
+        build_shm_op()  # what init_distributed builds, but safe from a killed earlier build
 
     deepspeed.init_distributed(
         dist_backend=backend,
