@@ -55,6 +55,17 @@ class RuntimeActors:
         return self.shards + ([self.draft] if self.draft is not None else [])
 
 
+def _get_within_load_timeout(refs: list[ray.ObjectRef], config: RayRuntimeConfig) -> list:
+    try:
+        return ray.get(refs, timeout=config.load_timeout_s)
+    except ray.exceptions.GetTimeoutError as error:
+        raise TimeoutError(
+            f"the actors did not start and load within parallel.load_timeout_s = {config.load_timeout_s:.0f} s; "
+            "a first run on a CPU machine also compiles DeepSpeed's shared-memory all-reduce, "
+            "which takes minutes on busy cores: raise the timeout there"
+        ) from error
+
+
 def launch(
     config: RayRuntimeConfig,
     engine: EngineConfig,
@@ -89,9 +100,7 @@ def launch(
             )
         actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
-        actors.shard_node_ids = ray.get(
-            [shard.node_id.remote() for shard in shards], timeout=config.load_timeout_s
-        )
+        actors.shard_node_ids = _get_within_load_timeout([shard.node_id.remote() for shard in shards], config)
         placements = shard_placements(actors.shard_node_ids)
         load_refs = [
             shard.load.remote(
@@ -110,7 +119,7 @@ def launch(
                 draft.load.remote(draft_factory, config.device, engine.compact_fraction, draft_seed)
             )
         # Host sync: nothing can be prefilled before every model is loaded.
-        loaded = ray.get(load_refs, timeout=config.load_timeout_s)
+        loaded = _get_within_load_timeout(load_refs, config)
         actors.vocab_size = int(loaded[0]["vocab_size"])
         actors.max_context = loaded[0]["max_context"]
         if draft is not None:

@@ -207,6 +207,23 @@ def test_too_many_failures_raise(tp2):
         tp2.runtime = RUNTIME
 
 
+def test_a_load_past_its_timeout_says_which_setting_and_leaves_nothing(ray_cluster):
+    def slow_target():
+        time.sleep(120)
+        return TARGET()
+
+    def live_groups() -> set[str]:
+        return {key for key, entry in placement_group_table().items() if entry["state"] != "REMOVED"}
+
+    before = live_groups()  # the module's TP = 2 runtime may be up
+    config = replace(GREEDY, method="autoregressive")
+    coordinator = RayCoordinator(slow_target, None, config, replace(RUNTIME, tp_size=1, load_timeout_s=10.0))
+    with pytest.raises(TimeoutError, match="parallel.load_timeout_s = 10 s"):
+        coordinator.start()
+    assert coordinator.actors is None
+    assert live_groups() == before
+
+
 def test_ctrl_c_leaves_no_actor_and_no_placement_group(tp2):
     tp2.config = GREEDY
     actors = tp2.start().actors
