@@ -44,15 +44,8 @@ def build_under_flock(root: Path, name: str, build: Callable[[], object]) -> obj
 
 
 def build_shm_op() -> None:
-    """Build (or load the cached) DeepSpeed CPU shared-memory all-reduce, as init_distributed will.
+    """DeepSpeed's own `build_shm_op` (builds or loads the cached op; a no-op where DeepSpeed finds it
+    incompatible) under the flock. Call after `set_distributed_env` (DS_ACCELERATOR=cpu)."""
+    from deepspeed.comm.torch import build_shm_op as deepspeed_build_shm_op  # noqa: PLC0415
 
-    Call after `set_distributed_env` (DS_ACCELERATOR=cpu); a no-op where DeepSpeed finds the op
-    incompatible, as its own `build_shm_op` then is.
-    """
-    import deepspeed  # noqa: PLC0415 - after set_distributed_env
-    from deepspeed.accelerator import get_accelerator  # noqa: PLC0415
-
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return
-    build_under_flock(extensions_root(), builder.NAME, builder.load)
+    build_under_flock(extensions_root(), SHM_OP_NAME, deepspeed_build_shm_op)

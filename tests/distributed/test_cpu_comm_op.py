@@ -77,3 +77,11 @@ def test_the_flock_dies_with_a_killed_builder(tmp_path):
     begin = time.perf_counter()
     assert build_under_flock(tmp_path, SHM_OP_NAME, lambda: _torch_lock(tmp_path).exists()) is False
     assert time.perf_counter() - begin < 5
+
+
+def test_the_op_name_is_deepspeeds(monkeypatch):
+    # A wrong name would make the stale-lock glob match nothing, silently.
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # noqa: PLC0415
+
+    assert ShareMemCommBuilder.NAME == SHM_OP_NAME
