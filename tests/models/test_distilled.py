@@ -132,7 +132,29 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
     for name, tensor in started8["draft"].items():
         assert torch.equal(tensor, dequantized[name]), name
 
+    # On-policy data: the exported draft writes continuations of the training prompts, the target scores them.
+    script.main([*common, "--stages", "draft-samples", "--sampler-from", str(tmp_path / "draft"), "--seed", "3"])
+    draft_shards = sorted((tmp_path / "work" / "data").glob("draft_shard_*.pt"))
+    assert len(draft_shards) == 3  # 7 training prompts x 2 samples in batches of 5; the held-out prompt is skipped
+    draft_records = [r for shard in draft_shards for r in torch.load(shard, weights_only=True)]
+    assert sorted((r["prompt_index"], r["sample_index"]) for r in draft_records) == [
+        (i, s) for i in range(7) for s in range(2)]
     target = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    sub_vocab = set(load_file(str(tmp_path / "draft" / "model.safetensors"))["sub_vocab_ids"].tolist())
+    for r in draft_records:
+        assert r["split"] == "train"
+        continuation = r["input_ids"][r["num_prompt_tokens"]:].tolist()
+        assert 0 < len(continuation) <= 12 and (continuation[-1] == 2 or len(continuation) == 12)
+        assert set(continuation) <= sub_vocab  # sampled from the draft: q = 0 outside its sub-vocabulary
+        with torch.no_grad():  # alone and unpadded, the target gives the stored p
+            p = torch.softmax(target(input_ids=r["input_ids"][None].long()).logits[0, :-1], -1)
+        top_probs, top_ids = p.topk(8, -1)
+        assert torch.equal(r["topk_ids"], top_ids.int())
+        torch.testing.assert_close(r["topk_probs"].float(), top_probs, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(r["rest"], 1 - top_probs.sum(-1), atol=1e-5, rtol=1e-5)
+    with pytest.raises(SystemExit):  # draft-samples without a draft to sample from
+        script.parse_args([*common, "--stages", "draft-samples"])
+
     draft = load_distilled_draft(tmp_path / "draft", target)
     assert len(draft.model.layers) == 2
     assert draft.model.embed_tokens.weight is target.get_input_embeddings().weight
