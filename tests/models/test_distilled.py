@@ -281,6 +281,19 @@ def test_bucket_losses_match_enumeration(top_k, num_sub):
         assert torch.all(overlap >= torch.minimum(p, q).sum(-1) - 1e-6)  # merging tokens only raises the overlap
 
 
+def test_draft_samples_come_from_the_whole_distribution():
+    """The draft-samples stage samples at temperature 1 with no top-k, even where the model's own
+    generation config asks for one: a uniform model must give far more than top_k distinct tokens."""
+    script = _load_script()
+    model = _tiny_target()
+    # Near-uniform p over the 64 tokens, with no ties (a top-k of tied logits would keep them all).
+    model.lm_head.weight = torch.nn.Parameter(1e-4 * torch.randn(VOCAB_SIZE, 32, generator=torch.Generator().manual_seed(0)))
+    model.generation_config.top_k = 5
+    continuations = script.sample_continuations(model, [[1, 5, 6]] * 256, 1, eos_token_id=2, pad_token_id=0, seed=0)
+    assert all(len(c) == 1 for c in continuations)
+    assert len({c[0] for c in continuations}) > 40  # 256 uniform draws over 64 tokens: ~63 distinct
+
+
 def test_tv_loss_step_raises_acceptance():
     """One gradient step on 1 - bucket_acceptance moves q toward p (the loss of --tv-weight 1)."""
     script = _load_script()
