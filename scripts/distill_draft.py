@@ -12,8 +12,8 @@ Stages (--stages), working in --work-dir (default ~/.cache/distributed_spec/dist
    Every 8th prompt is held out for evaluation.
 1b. draft-samples (only when named): the draft in --sampler-from writes the continuations instead
    (at temperature 1, batched; cheap), and the target scores each whole sequence in one forward
-   (about twice the tokens/s of target sampling on the CPU): on-policy data, the contexts the draft
-   itself produces (DistillSpec, Zhou et al. 2024). Same shard format, prefix "draft_" by default.
+   (about 2.5x the generated tokens/s of target sampling on 2 CPU cores): on-policy data, the contexts
+   the draft itself produces (DistillSpec, Zhou et al. 2024). Same shard format, prefix "draft_" by default.
 2. train: the draft (distributed_spec.models.distilled: a few Llama layers on the target's frozen
    embeddings and LM head, optionally a sub-vocabulary head of the K tokens with most target mass)
    minimises forward KL(p || q) over the buckets {top-k tokens it can score} + {everything else},
