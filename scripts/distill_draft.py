@@ -121,6 +121,22 @@ def _top_k_record(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     return top_ids.to(torch.int32), top_probs.to(torch.float16), rest
 
 
+def pad_batch(sequences: list, pad_token_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id sequences padded to one length: input_ids [B, T] long and attention_mask [B, T].
+
+    left=True puts the padding first (every row's next token is at column T, for generation);
+    left=False puts it last (causal attention keeps the valid positions exact, for scoring).
+    """
+    max_len = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), max_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for b, ids in enumerate(sequences):
+        span = slice(max_len - len(ids), max_len) if left else slice(0, len(ids))
+        input_ids[b, span] = torch.as_tensor(ids)
+        attention_mask[b, span] = 1
+    return input_ids, attention_mask
+
+
 @torch.inference_mode()
 def generate_with_target_probs(
     model, prompt_ids: list[list[int]], max_new_tokens: int, eos_token_id: int, pad_token_id: int,
@@ -134,11 +150,7 @@ def generate_with_target_probs(
     """
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     batch_size, max_len = len(prompt_ids), max(len(p) for p in prompt_ids)
-    input_ids = torch.full((batch_size, max_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(batch_size, max_len, dtype=torch.long)
-    for b, ids in enumerate(prompt_ids):  # left padding: every row's next token is at column max_len
-        input_ids[b, max_len - len(ids):] = torch.tensor(ids)
-        attention_mask[b, max_len - len(ids):] = 1
+    input_ids, attention_mask = pad_batch(prompt_ids, pad_token_id, left=True)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
     records = []
@@ -239,12 +251,8 @@ def sample_continuations(model, prompt_ids: list[list[int]], max_new_tokens: int
                          pad_token_id: int, seed: int) -> list[list[int]]:
     """Continuations that `model` samples at temperature 1 from the full distribution (no top-k/top-p),
     each up to and including its EOS; transformers' generate on a left-padded batch."""
-    max_len = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), max_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for b, ids in enumerate(prompt_ids):
-        input_ids[b, max_len - len(ids):] = torch.tensor(ids)
-        attention_mask[b, max_len - len(ids):] = 1
+    input_ids, attention_mask = pad_batch(prompt_ids, pad_token_id, left=True)
+    max_len = input_ids.shape[1]
     config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                               eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     torch.manual_seed(seed)  # generate samples from the global generator
@@ -264,16 +272,11 @@ def score_with_target(model, prompt_ids: list[list[int]], continuations: list[li
     topk_probs [L-1, k] fp16, rest [L-1] fp32 (row t: p of token t+1), num_prompt_tokens.
     """
     sequences = [p + c for p, c in zip(prompt_ids, continuations)]
-    lengths = [len(s) for s in sequences]
-    input_ids = torch.zeros(len(sequences), max(lengths), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for b, ids in enumerate(sequences):  # right padding: causal attention keeps the valid rows exact
-        input_ids[b, :lengths[b]] = torch.tensor(ids)
-        attention_mask[b, :lengths[b]] = 1
+    input_ids, attention_mask = pad_batch(sequences, 0, left=False)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     head, records = model.get_output_embeddings(), []
     for b, ids in enumerate(sequences):  # head row by row: [L, V] at a time keeps memory small
-        top_ids, top_probs, rest = _top_k_record(head(hidden[b, :lengths[b] - 1]), top_k)
+        top_ids, top_probs, rest = _top_k_record(head(hidden[b, :len(ids) - 1]), top_k)
         records.append({"input_ids": torch.tensor(ids, dtype=torch.int32), "topk_ids": top_ids,
                         "topk_probs": top_probs, "rest": rest, "num_prompt_tokens": len(prompt_ids[b])})
     return records
@@ -394,13 +397,7 @@ def init_from_target(draft, target_model, layer_spec: str) -> None:
 
 def right_pad(records: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """The records' input_ids, right-padded with 0: input_ids [B, T] and attention_mask [B, T]."""
-    lengths = [len(r["input_ids"]) for r in records]
-    input_ids = torch.zeros(len(records), max(lengths), dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for b, r in enumerate(records):
-        input_ids[b, :lengths[b]] = r["input_ids"].long()
-        attention_mask[b, :lengths[b]] = 1
-    return input_ids, attention_mask
+    return pad_batch([r["input_ids"] for r in records], 0, left=False)
 
 
 def make_batch(records: list[dict], vocab_to_sub: torch.Tensor) -> dict[str, torch.Tensor]:
