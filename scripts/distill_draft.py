@@ -201,16 +201,7 @@ def run_generate(args, model, tokenizer, only_eval: bool = False) -> None:
     only_eval: generate just the held-out prompts' samples (into eval_shard_*.pt), for --eval-only
     on a machine that has no shards yet.
     """
-    prompts = read_prompts(Path(args.prompts))
-    jobs = []  # (prompt index, split, sample index)
-    for i, _ in enumerate(prompts):
-        split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
-        if only_eval and split == "train":
-            continue
-        num_samples = args.eval_samples_per_prompt if split == "eval" else args.samples_per_prompt
-        jobs += [(i, split, s) for s in range(num_samples)]
-    encoded = [encode_prompt(tokenizer, kind, text) for kind, text in prompts]
-    jobs.sort(key=lambda job: (len(encoded[job[0]]), job))  # similar lengths together: less padding
+    encoded, jobs = _sample_jobs(args, tokenizer, ("eval",) if only_eval else ("train", "eval"))
     eos, pad = _eos_and_pad(model, tokenizer)
     prefix = "eval_shard" if only_eval else f"{args.shard_prefix}shard"
     progress = tqdm(_missing_shards(args, jobs, prefix), desc="generate", unit="batch")
@@ -240,10 +231,18 @@ def _write_shard(path: Path, records: list[dict], batch: list[tuple[int, str, in
     return sum(len(r["input_ids"]) for r in records)
 
 
-def _training_jobs(args, prompts: list) -> list[tuple[int, str, int]]:
-    """(prompt index, split, sample index) for every sample of the training prompts (held-out ones skipped)."""
-    return [(i, "train", s) for i in range(len(prompts)) if i % EVAL_EVERY != EVAL_EVERY - 1
-            for s in range(args.samples_per_prompt)]
+def _sample_jobs(args, tokenizer, splits: tuple[str, ...]) -> tuple[list[list[int]], list[tuple[int, str, int]]]:
+    """The --prompts encoded, and a (prompt index, split, sample index) job per sample of the prompts of
+    `splits` (every EVAL_EVERY-th prompt is "eval"), sorted by prompt length: less padding per batch."""
+    prompts = read_prompts(Path(args.prompts))
+    encoded = [encode_prompt(tokenizer, kind, text) for kind, text in prompts]
+    jobs = []
+    for i in range(len(prompts)):
+        split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
+        if split in splits:
+            num_samples = args.eval_samples_per_prompt if split == "eval" else args.samples_per_prompt
+            jobs += [(i, split, s) for s in range(num_samples)]
+    return encoded, sorted(jobs, key=lambda job: (len(encoded[job[0]]), job))
 
 
 @torch.inference_mode()
@@ -286,9 +285,7 @@ def run_draft_samples(args, model, tokenizer) -> None:
     """Stage 1b: the draft in --sampler-from continues the training prompts, the target scores the text;
     one shard per batch under work_dir/data (existing shards are kept), as run_generate writes them."""
     sampler = load_distilled_draft(args.sampler_from, model).eval()
-    prompts = read_prompts(Path(args.prompts))
-    encoded = [encode_prompt(tokenizer, kind, text) for kind, text in prompts]
-    jobs = sorted(_training_jobs(args, prompts), key=lambda job: (len(encoded[job[0]]), job))
+    encoded, jobs = _sample_jobs(args, tokenizer, ("train",))
     eos, pad = _eos_and_pad(model, tokenizer)
     progress = tqdm(_missing_shards(args, jobs, f"{args.shard_prefix or 'draft_'}shard"), desc="draft samples",
                     unit="batch")
