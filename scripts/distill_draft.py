@@ -76,16 +76,30 @@ def load_target(target: str):
 
 
 def read_prompts(path: Path) -> list[tuple[str, str]]:
-    """[(kind, text)] from lines "<chat|raw>\\t<text>"; '#' lines are comments, "\\n" is a newline."""
+    """[(kind, text)] from lines "<chat|raw>\\t<text>"; '#' lines are comments, "\\n" is a newline.
+
+    Lines end at "\\n" (or "\\r\\n") only: str.splitlines and universal newlines would also split at
+    U+2028, "\\r" and other separators that generated text contains."""
     prompts = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_bytes().decode("utf-8").split("\n"), start=1):
+        line = line.removesuffix("\r")  # a file saved with CRLF line ends
         if not line.strip() or line.startswith("#"):
             continue
-        kind, text = line.split("\t", 1)
-        if kind not in ("chat", "raw"):
-            raise ValueError(f"{path}: prompt kind must be 'chat' or 'raw', got {kind!r}")
+        kind, tab, text = line.partition("\t")
+        if not tab or kind not in ("chat", "raw"):
+            raise ValueError(f"{path}:{number}: expected '<chat|raw><TAB><text>', got {line[:60]!r}")
         prompts.append((kind, text.replace("\\n", "\n")))
     return prompts
+
+
+def write_prompts(path: Path, prompts: list[tuple[str, str]], header: str) -> None:
+    """Writes [(kind, text)] in read_prompts' format: newlines (\\r\\n, \\r, \\n) become "\\n", tabs spaces."""
+    lines = [f"# {header}"]
+    for kind, text in prompts:
+        text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\\n").replace("\t", " ")
+        lines.append(f"{kind}\t{text}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def encode_prompt(tokenizer, kind: str, text: str) -> list[int]:
@@ -330,11 +344,9 @@ def run_questions(args, model, tokenizer) -> Path:
             generated = record["input_ids"][record["num_prompt_tokens"]:].tolist()
             text = opening + tokenizer.decode([t for t in generated if t != eos], skip_special_tokens=True)
             if generated and generated[-1] == eos and len(text) > len(opening) + 8:  # finished turns only
-                questions.append(text.strip().replace("\t", " ").replace("\n", "\\n"))
+                questions.append(("chat", text.strip()))
     path = Path(args.work_dir) / f"questions_seed{args.seed}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# user turns written by the target (scripts/distill_draft.py --stages questions)\n"
-                    + "".join(f"chat\t{q}\n" for q in questions))
+    write_prompts(path, questions, "user turns written by the target (scripts/distill_draft.py --stages questions)")
     logger.info("wrote %d of %d questions (finished turns) to %s", len(questions), len(openings), path)
     return path
 

@@ -281,6 +281,37 @@ def test_bucket_losses_match_enumeration(top_k, num_sub):
         assert torch.all(overlap >= torch.minimum(p, q).sum(-1) - 1e-6)  # merging tokens only raises the overlap
 
 
+def test_prompt_files_keep_one_prompt_per_line_whatever_the_text_holds(tmp_path):
+    """Generated text holds U+2028, tabs and CR: the questions file must still read back one prompt per line
+    (str.splitlines once split a target-written question at a U+2028 and broke the next stage)."""
+    script = _load_script()
+    texts = ["plain", "two\nlines", "tab\there", "line\u2028separator", "page\x0cbreak", "cr\rlf\r\nend", "a\x85b"]
+    path = tmp_path / "prompts.txt"
+    script.write_prompts(path, [("chat", t) for t in texts], "written by a test")
+    assert script.read_prompts(path) == [("chat", t.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))
+                                         for t in texts]
+    path.write_bytes(b"# a file saved with CRLF line ends\r\nraw\tone\r\nchat\ttwo\r\n")
+    assert script.read_prompts(path) == [("raw", "one"), ("chat", "two")]
+    path.write_text("chat\tfine\nno tab here\n")
+    with pytest.raises(ValueError, match=r"prompts.txt:2: expected"):
+        script.read_prompts(path)
+
+
+def test_questions_stage_writes_a_prompt_file_that_the_next_stage_reads(tmp_path):
+    """--stages questions: the target completes user turns from the fixed openings; the file it writes is
+    read back by --prompts with one chat prompt per finished turn, each starting with its opening."""
+    script = _load_script()
+    target_dir = _save_tiny_target(tmp_path / "target")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
+    tokenizer.chat_template = "{% for m in messages %}user: {{ m['content'] }}[EOS]{% endfor %}"
+    tokenizer.save_pretrained(target_dir)
+    script.main(["--target", str(target_dir), "--work-dir", str(tmp_path / "work"), "--stages", "questions",
+                 "--num-questions", "40", "--question-tokens", "40", "--gen-batch-size", "16", "--seed", "2"])
+    prompts = script.read_prompts(tmp_path / "work" / "questions_seed2.txt")
+    assert 0 < len(prompts) <= 40 and all(kind == "chat" for kind, _ in prompts)
+    assert all(text.startswith(script.QUESTION_OPENINGS) and len(text) > 8 for _, text in prompts)
+
+
 def test_draft_samples_come_from_the_whole_distribution():
     """The draft-samples stage samples at temperature 1 with no top-k, even where the model's own
     generation config asks for one: a uniform model must give far more than top_k distinct tokens."""
