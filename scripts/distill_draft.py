@@ -163,8 +163,8 @@ def generate_with_target_probs(
     num_prompt_tokens.
     """
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    batch_size, max_len = len(prompt_ids), max(len(p) for p in prompt_ids)
     input_ids, attention_mask = pad_batch(prompt_ids, pad_token_id, left=True)
+    batch_size, max_len = input_ids.shape
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
     records = []
