@@ -249,6 +249,7 @@ class JobRunner:
             outputs = [
                 (batch, self.generator.generate([p.prompt_ids for p in batch], batch_seed(self.job, batch)))
             ]
+            self.num_consecutive_failures = 0
         except Exception:
             # One bad record must not cost the batch: retry one by one and record the failures.
             logger.warning(
@@ -378,6 +379,7 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
     )
     tags = [job.model.name, verifier.method, gamma_tag, job.parallel.runtime]
     tracker = build_tracker(job.tracking, paths.root, config, tags)
+    exit_code = 1  # until the run returns: a crashed job's W&B run is marked failed
     try:
         if generator is None:
             logger.info(
@@ -417,9 +419,10 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
             summary["block_efficiency"],
             paths.root,
         )
+        exit_code = 0
         return summary
     finally:
-        tracker.finish()
+        tracker.finish(exit_code)
         if generator is not None:
             generator.close()
 

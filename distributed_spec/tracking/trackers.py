@@ -36,8 +36,8 @@ class Tracker:
     def summary(self, metrics: dict[str, Any]) -> None:
         """Final values of the run."""
 
-    def finish(self) -> None:
-        """Flush and close; safe to call twice."""
+    def finish(self, exit_code: int = 0) -> None:
+        """Flush and close; safe to call twice. exit_code != 0 marks the run as failed."""
 
 
 class ConsoleTracker(Tracker):
@@ -94,9 +94,9 @@ class WandbTracker(Tracker):
         for key, value in metrics.items():
             self._run.summary[key] = value
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         if self._run is not None:
-            self._run.finish()
+            self._run.finish(exit_code=exit_code)
             self._run = None
 
 
@@ -118,9 +118,9 @@ class MultiTracker(Tracker):
         for tracker in self.trackers:
             tracker.summary(metrics)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         for tracker in self.trackers:
-            tracker.finish()
+            tracker.finish(exit_code)
 
 
 def build_tracker(

@@ -39,6 +39,8 @@ class OfflineRun:
     # The run's exit record was read: the file is complete (wandb-core may still be writing it for a
     # moment after `run.finish()` returns).
     complete: bool = False
+    # From the exit record: 0 for a run that finished, non-zero for one that failed.
+    exit_code: int | None = None
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -105,6 +107,7 @@ def read_offline_run(run_dir: str | Path) -> OfflineRun:
                 run.summary.pop(item.key, None)
         elif kind == "exit":
             run.complete = True
+            run.exit_code = record.exit.exit_code
     return run
 
 

@@ -154,3 +154,13 @@ def test_a_broken_runtime_stops_the_job(tmp_path):
         run(_job(tmp_path), generator=generator)
     assert len(_lines(tmp_path / "out" / "errors.jsonl")) == 8
     assert generator.closed
+
+
+def test_failures_spread_over_the_run_do_not_stop_it(tmp_path):
+    # A failing record between good batches: the failures are not in a row, so the job finishes.
+    input_path = tmp_path / "in.jsonl"
+    _write_input(input_path, [{"id": index, "prompt": "y" if index % 3 == 2 else "ok"} for index in range(30)])
+    generator = FakeGenerator()
+    generator.fail_on = generator.tokenizer.encode("y")[0]
+    summary = run(_job(tmp_path, batch_size=1), generator=generator)
+    assert summary["records"] == 20 and summary["errors"] == 10
