@@ -19,8 +19,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-VERIFIER_METHODS = ("block", "token", "greedy")
-GAMMA_SCHEDULES = ("constant", "adaptive")
+# "autoregressive" runs the same job with the target alone (no draft loaded): the baseline.
+VERIFIER_METHODS = ("block", "token", "greedy", "autoregressive")
+GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -226,14 +227,17 @@ class ParallelConfig:
 class VerifierConfig:
     """The verification rule and the draft block length (conf/verifier/*.yaml)."""
 
-    # `block` (Sun et al. 2024), `token` (Leviathan et al. 2023) or `greedy` (prefix match).
+    # `block` (Sun et al. 2024), `token` (Leviathan et al. 2023), `greedy` (prefix match), or
+    # `autoregressive` (the target alone, no draft: the baseline).
     method: str = "block"
     # Draft block length g: tokens proposed per target call (the starting g when adaptive).
     gamma: int = 4
-    # `constant`, or `adaptive`: per row, g grows by 2 after a fully kept block and shrinks by 1
-    # otherwise, within [1, max_gamma] (exact for every method).
-    gamma_schedule: str = "constant"
-    max_gamma: int = 8
+    # `goodput`: each step the g in {0, ..., max_gamma} with the most expected tokens per second on
+    # this device (measured online; 0 = no draft). `constant`: g = gamma. `adaptive`: per row, g grows
+    # by 2 after a fully kept block and shrinks by 1 otherwise, within [1, max_gamma]. All exact.
+    gamma_schedule: str = "goodput"
+    # The largest g of the `goodput` and `adaptive` schedules.
+    max_gamma: int = 4
     # A row's block ends after the first draft token whose draft probability is below this
     # (Hugging Face's assistant_confidence_threshold; exact for every method); 0 disables it.
     draft_confidence_threshold: float = 0.0
@@ -257,6 +261,24 @@ class VerifierConfig:
         _require(
             0.0 <= self.draft_confidence_threshold < 1.0,
             f"verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), got {self.draft_confidence_threshold}",
+        )
+
+
+@dataclass
+class SchedulingConfig:
+    """How the engine's scheduler batches rows (conf/engine/*.yaml); data.batch_size rows at once."""
+
+    # true: a finished row's place goes to the next record at the next step (continuous batching);
+    # false: static batches (the next batch starts when the last row of the current one has ended).
+    continuous_batching: bool = True
+    # Prompt tokens a row feeds the target per step at most: a long prompt goes in by chunks beside
+    # the other rows' blocks instead of stalling them; null: whole prompts.
+    prefill_chunk_tokens: int | None = 256
+
+    def __post_init__(self) -> None:
+        _require(
+            self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 1,
+            f"engine.prefill_chunk_tokens must be >= 1 or null, got {self.prefill_chunk_tokens}",
         )
 
 
@@ -293,7 +315,7 @@ class DataConfig:
     input_path: str = ""
     # Directory of completions.jsonl, errors.jsonl and summary.json; null: the Hydra run directory.
     output_dir: str | None = None
-    # Records per engine call.
+    # Rows decoded at once (the engine's batch; continuous batching keeps it full).
     batch_size: int = 4
     # fsync the output files after this many records (and at the end).
     fsync_every: int = 16
@@ -332,7 +354,7 @@ class TrackingConfig:
     name: str | None = None
     # Tags added to the W&B run, besides the model name, verifier and runtime.
     tags: list[str] = field(default_factory=list)
-    # Log metrics every this many engine batches.
+    # Log metrics every log_every x data.batch_size completed records.
     log_every: int = 1
     # Sample completions kept for the W&B table.
     num_samples: int = 16
@@ -354,6 +376,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    engine: SchedulingConfig = field(default_factory=SchedulingConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

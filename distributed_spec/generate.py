@@ -5,12 +5,13 @@
     python -m distributed_spec.generate --multirun verifier=block,token verifier.gamma=2,4,8
     distributed-spec-generate parallel=ray parallel.tp_size=2            # the console script
 
-A Hydra app over conf/ (groups: model, parallel, verifier, sampling, data, tracking; every value can
+A Hydra app over conf/ (groups: model, parallel, verifier, engine, sampling, data, tracking; every value can
 be overridden on the command line). Each run writes to its own directory (`data.output_dir`, by
 default the Hydra run directory, named after the settings that change completions):
 
 - completions.jsonl: one line per finished record: id, prompt, completion, completion_ids,
-  finish_reason, stats. Written as batches finish, fsynced every `data.fsync_every` records.
+  finish_reason, stats. Written as records finish (continuous batching: `data.batch_size` rows decode
+  at once and a finished row's place goes to the next record), fsynced every `data.fsync_every`.
 - errors.jsonl: one line per bad record (line, id, reason); bad input never stops the job.
 - summary.json, run_meta.json, .hydra/ (the resolved config), wandb/ (offline W&B run).
 
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import sys
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from distributed_spec.jobs.errors import REASON_GENERATION, REASON_TOKENIZER, RE
 from distributed_spec.jobs.io import InputRecord, JsonlAppender, id_key, read_records
 from distributed_spec.jobs.resume import check_run_meta, reset_outputs, scan_jsonl
 from distributed_spec.jobs.runtime import (
+    GenerationItem,
     Generator,
     build_generator,
     check_runtime_available,
@@ -65,12 +66,12 @@ def _register_resolvers() -> None:
     OmegaConf.register_new_resolver("ds.asset", lambda name: str(PACKAGE_DIR / "assets" / name), replace=True)
     OmegaConf.register_new_resolver("ds.stem", lambda path: Path(str(path)).stem, replace=True)
     # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
-    # 4 up to 8, then "c0.4" when the draft's confidence stop is on.
+    # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on.
     OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
 
 
 def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold) -> str:
-    name = f"g{gamma}" if schedule == "constant" else f"g{gamma}a{max_gamma}"
+    name = {"constant": f"g{gamma}", "adaptive": f"g{gamma}a{max_gamma}", "goodput": f"gp{max_gamma}"}[schedule]
     return name + (f"c{confidence_threshold}" if confidence_threshold else "")
 
 
@@ -151,13 +152,6 @@ def render_prompt(
     return record.prompt, list(tokenizer.encode(record.prompt))
 
 
-def batch_seed(job: JobConfig, batch: list[PendingRecord]) -> int:
-    """A seed per batch from sampling.seed and the batch's ids: batches draw independent random
-    numbers, and a rerun of the same batch draws the same ones."""
-    ids = "\n".join(id_key(pending.record.id) for pending in batch)
-    return zlib.crc32(f"{job.sampling.seed}\n{ids}".encode()) & 0x7FFFFFFF
-
-
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """The completion text up to (not including) the first stop string."""
     cut = min((index for index in (text.find(s) for s in stop) if index >= 0), default=len(text))
@@ -172,8 +166,12 @@ _KNOWN_ERROR = "known error"
 MAX_CONSECUTIVE_FAILURES = 8
 
 
+class _InputFailure(Exception):
+    """Reading the input failed (not generation): the job stops with the original error."""
+
+
 class JobRunner:
-    """One run: reads records, batches them through the generator, writes outputs, tracks metrics."""
+    """One run: streams records through the generator, writes outputs as they finish, tracks metrics."""
 
     def __init__(self, job: JobConfig, generator: Generator, tracker: Tracker, paths: OutputPaths) -> None:
         self.job = job
@@ -182,8 +180,9 @@ class JobRunner:
         self.paths = paths
         self.metrics = RunMetrics()
         self.samples: list[tuple[Any, ...]] = []
-        self.num_batches = 0
         self.num_consecutive_failures = 0
+        self.num_skipped = 0
+        self.num_logged = 0
 
     def prepare(self, records: Iterator[Any], done_ids: set[str], error_lines: set[int]) -> Iterator[Any]:
         """Skip finished work; tokenise; turn tokenizer and length failures into errors."""
@@ -216,84 +215,121 @@ class JobRunner:
         self, records: Iterator[Any], done_ids: set[str], error_lines: set[int], progress: Progress
     ) -> int:
         """Process every record; returns how many were skipped as already finished."""
-        num_skipped = 0
-        batch: list[PendingRecord] = []
+        self.progress = progress
         with JsonlAppender(self.paths.completions) as completions, JsonlAppender(self.paths.errors) as errors:
-            for item in self.prepare(records, done_ids, error_lines):
-                if item is _DONE:
-                    num_skipped += 1
-                elif item is _KNOWN_ERROR:
-                    continue
-                elif isinstance(item, PendingRecord):
-                    batch.append(item)
-                    if len(batch) == self.job.data.batch_size:
-                        self._run_batch(batch, completions, errors, progress)
-                        batch = []
-                else:
-                    errors.write(item.to_json())
-                    self.metrics.num_errors += 1
-                    progress.update(1, self.metrics)
-                    self._maybe_sync(completions, errors)
-            if batch:
-                self._run_batch(batch, completions, errors, progress)
-        return num_skipped
-
-    def _run_batch(
-        self,
-        batch: list[PendingRecord],
-        completions: JsonlAppender,
-        errors: JsonlAppender,
-        progress: Progress,
-    ) -> None:
-        try:
-            outputs = [
-                (batch, self.generator.generate([p.prompt_ids for p in batch], batch_seed(self.job, batch)))
-            ]
-            self.num_consecutive_failures = 0
-        except Exception:
-            # One bad record must not cost the batch: retry one by one and record the failures.
-            logger.warning(
-                "a batch of %d records failed; retrying them one by one", len(batch), exc_info=True
-            )
-            outputs = []
-            for pending in batch:
+            self.completions, self.errors = completions, errors
+            pending = self._pending(self.prepare(records, done_ids, error_lines))
+            finished = False
+            while not finished:
+                # Records handed to the generator and not finished yet, by object identity.
+                in_flight: dict[int, PendingRecord] = {}
                 try:
-                    seed = batch_seed(self.job, [pending])
-                    outputs.append(([pending], self.generator.generate([pending.prompt_ids], seed)))
-                    self.num_consecutive_failures = 0
+                    for pending_record, result in self.generator.stream(self._items(pending, in_flight)):
+                        del in_flight[id(pending_record)]
+                        self._write_completion(pending_record, result)
+                    finished = True
+                except _InputFailure as failure:
+                    raise failure.__cause__ from None
                 except Exception as err:
-                    reason = f"{type(err).__name__}: {err}"
-                    errors.write(
-                        record_error(
-                            pending.record.line, pending.record.id, REASON_GENERATION, reason
-                        ).to_json()
+                    logger.warning(
+                        "generation failed with %d record(s) in flight; retrying them one by one",
+                        len(in_flight),
+                        exc_info=True,
                     )
-                    self.metrics.num_errors += 1
-                    self.num_consecutive_failures += 1
-                    if self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
-                        errors.sync()
-                        raise RuntimeError(
-                            f"generation failed for {self.num_consecutive_failures} records in a row "
-                            f"(last: {reason}); the runtime looks broken: fix it and rerun to resume "
-                            "(records that failed to generate are retried)"
-                        ) from err
-        for pendings, output in outputs:
-            for pending, result in zip(pendings, output.results):
-                completions.write(self._output_record(pending, result))
-            num_prompt_tokens = sum(len(pending.prompt_ids) for pending in pendings)
-            self.metrics.add_batch(output.stats, len(pendings), num_prompt_tokens, output.extra)
-        self._maybe_sync(completions, errors)
-        self.num_batches += 1
-        progress.update(len(batch), self.metrics)
-        if self.num_batches % self.job.tracking.log_every == 0:
-            self.tracker.log(self.metrics.snapshot(), step=self.num_batches)
+                    if not in_flight:
+                        self._count_failure(err)
+                    self._retry_one_by_one(list(in_flight.values()))
+                finally:
+                    self.metrics.close_stream(self.generator.stats)
+        if self.metrics.num_records and self.metrics.num_records != self.num_logged * self._records_per_log:
+            self.tracker.log(self.metrics.snapshot(), step=self.metrics.num_records)
+        return self.num_skipped
 
-    def _maybe_sync(self, completions: JsonlAppender, errors: JsonlAppender) -> None:
+    @property
+    def _records_per_log(self) -> int:
+        return self.job.tracking.log_every * self.job.data.batch_size
+
+    def _pending(self, prepared: Iterator[Any]) -> Iterator[PendingRecord]:
+        """The records to generate; skipped and bad records are counted and written on the way."""
+        for item in prepared:
+            if item is _DONE:
+                self.num_skipped += 1
+            elif item is _KNOWN_ERROR:
+                continue
+            elif isinstance(item, PendingRecord):
+                yield item
+            else:
+                self.errors.write(item.to_json())
+                self.metrics.num_errors += 1
+                self.progress.update(1, self.metrics)
+                self._maybe_sync()
+
+    def _items(self, pending: Iterator[PendingRecord], in_flight: dict[int, PendingRecord]) -> Iterator[GenerationItem]:
+        """Generation items of the pending records, registering each as in flight when it is taken."""
+        while True:
+            try:
+                pending_record = next(pending, None)
+            except Exception as err:
+                raise _InputFailure() from err
+            if pending_record is None:
+                return
+            in_flight[id(pending_record)] = pending_record
+            yield self._item(pending_record)
+
+    def _item(self, pending_record: PendingRecord) -> GenerationItem:
+        return GenerationItem(
+            handle=pending_record,
+            prompt_ids=pending_record.prompt_ids,
+            seed_key=id_key(pending_record.record.id),
+            max_new_tokens=pending_record.record.max_new_tokens,
+        )
+
+    def _retry_one_by_one(self, pending_records: list[PendingRecord]) -> None:
+        """Each record alone: one bad record must not cost the others; failures become its error."""
+        for pending_record in pending_records:
+            try:
+                for _, result in self.generator.stream([self._item(pending_record)]):
+                    self._write_completion(pending_record, result)
+            except Exception as err:
+                reason = f"{type(err).__name__}: {err}"
+                self.errors.write(
+                    record_error(
+                        pending_record.record.line, pending_record.record.id, REASON_GENERATION, reason
+                    ).to_json()
+                )
+                self.metrics.num_errors += 1
+                self.progress.update(1, self.metrics)
+                self._count_failure(err)
+            finally:
+                self.metrics.close_stream(self.generator.stats)
+
+    def _count_failure(self, err: Exception) -> None:
+        self.num_consecutive_failures += 1
+        if self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            self.errors.sync()
+            raise RuntimeError(
+                f"generation failed {self.num_consecutive_failures} times in a row "
+                f"(last: {type(err).__name__}: {err}); the runtime looks broken: fix it and rerun to resume "
+                "(records that failed to generate are retried)"
+            ) from err
+
+    def _write_completion(self, pending_record: PendingRecord, result: Any) -> None:
+        self.num_consecutive_failures = 0
+        self.completions.write(self._output_record(pending_record, result))
+        self.metrics.add_record(len(pending_record.prompt_ids))
+        self.metrics.live = self.generator.stats
+        self._maybe_sync()
+        self.progress.update(1, self.metrics)
+        if self.metrics.num_records // self._records_per_log > self.num_logged:
+            self.num_logged = self.metrics.num_records // self._records_per_log
+            self.tracker.log(self.metrics.snapshot(), step=self.metrics.num_records)
+
+    def _maybe_sync(self) -> None:
         """fsync both outputs once either holds data.fsync_every unsynced records."""
         threshold = self.job.data.fsync_every
-        if completions.num_unsynced >= threshold or errors.num_unsynced >= threshold:
-            completions.sync()
-            errors.sync()
+        if self.completions.num_unsynced >= threshold or self.errors.num_unsynced >= threshold:
+            self.completions.sync()
+            self.errors.sync()
 
     def _output_record(self, pending: PendingRecord, result: Any) -> dict[str, Any]:
         text = self.generator.tokenizer.decode(result.token_ids, skip_special_tokens=True)
@@ -374,9 +410,11 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
         )
     config = job.to_dict()
     verifier = job.verifier
-    gamma_tag = f"gamma={verifier.gamma}" if verifier.gamma_schedule == "constant" else (
-        f"gamma=adaptive({verifier.gamma}..{verifier.max_gamma})"
-    )
+    gamma_tag = {
+        "constant": f"gamma={verifier.gamma}",
+        "adaptive": f"gamma=adaptive({verifier.gamma}..{verifier.max_gamma})",
+        "goodput": f"gamma=goodput(0..{verifier.max_gamma})",
+    }[verifier.gamma_schedule]
     tags = [job.model.name, verifier.method, gamma_tag, job.parallel.runtime]
     tracker = build_tracker(job.tracking, paths.root, config, tags)
     exit_code = 1  # until the run returns: a crashed job's W&B run is marked failed
@@ -404,6 +442,7 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
             records_skipped=num_skipped,
             errors_total=errors_done.num_records + runner.metrics.num_errors,
             acceptance_per_position=runner.metrics.engine.acceptance_per_position,
+            steps_per_draft_len=list(runner.metrics.engine.num_steps_per_draft_len),
             output_dir=str(paths.root),
         )
         _write_json(paths.summary, summary)

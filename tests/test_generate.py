@@ -83,9 +83,10 @@ def test_bad_configuration_names_the_key(overrides, key):
 @pytest.mark.parametrize(
     ("overrides", "run_dir_name"),
     [
-        ([], "block-g4-t0.7-n128-s0"),
-        (["verifier.gamma_schedule=adaptive", "verifier.gamma=2"], "block-g2a8-t0.7-n128-s0"),
-        (["verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
+        ([], "block-gp4-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=constant"], "block-g4-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=adaptive", "verifier.gamma=2", "verifier.max_gamma=8"], "block-g2a8-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=constant", "verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
     ],
 )
 def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):
@@ -187,6 +188,9 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
         "data.batch_size=2",
         "data.fsync_every=1",
         "sampling.max_new_tokens=24",
+        "sampling.temperature=1.0",
+        # A schedule of the row's own history: sampled completions are reproducible record by record.
+        "verifier.gamma_schedule=constant",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     )
     process = _cli(args)
@@ -222,6 +226,13 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
     assert summary["records_total"] == num_records and summary["records_skipped"] == num_before
     assert summary["errors_total"] == 1
     assert 1.0 <= summary["block_efficiency"] <= 5.0
+    # Every record is what an uninterrupted run at another batch size writes, token for token.
+    reference_out = tmp_path / "reference"
+    reference = _cli([*args, f"data.output_dir={reference_out}", "data.batch_size=5"])
+    output, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, output
+    expected = {record["id"]: record["completion_ids"] for record in _read_jsonl(reference_out / "completions.jsonl")}
+    assert {record["id"]: record["completion_ids"] for record in records} == expected
 
 
 def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):

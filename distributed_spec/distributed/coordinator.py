@@ -1,4 +1,4 @@
-"""RayCoordinator: the speculative loop of engine/speculative.py, replayed over Ray actors.
+"""RayCoordinator: the Ray runtime as an executor of the engine's scheduler.
 
     from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
     with RayCoordinator(target_factory, draft_factory, EngineConfig(method="block", gamma=4),
@@ -8,20 +8,23 @@
 `target_factory` / `draft_factory` are picklable zero-argument callables that build the models
 (each actor calls its factory; every shard builds the same full target and keeps its slice).
 
-One iteration (DESIGN.md section 2), with the same order of random draws as the engine:
-1. the coordinator draws the draft's uniforms [B, g] and the verifier's (eta [B, g], u [B]);
-2. draft actor: `propose` -> a DraftBlock (draft ids [B, g], q on the wire) in Ray's object store;
-3. every shard: `score_and_verify(block, request)`; the block goes from the draft straight to the
-   shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
-4. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `propose`;
-5. the coordinator appends tau accepted drafts + Y per row, finishes rows (EOS, stop string,
-   max_new_tokens) and passes the surviving rows to the next propose / score_and_verify.
-With parallel.overlap the draft also runs `propose_ahead` between 2 and 4, i.e. while the shards work.
+The loop is the engine's (engine/scheduler.py: admission, draft lengths, uniforms, finishing,
+statistics); this class only runs each planned step on the actors (docs/design.md, the data flow):
+1. draft actor: `step(DraftRequest)` applies the last verdict and the row changes and proposes the
+   block (nothing in a step without a draft) -> a DraftBlock in Ray's object store, twice: with q
+   for shard rank 0 (the verifier), without q for the other shards;
+2. every shard: `score_and_verify(block, StepRequest)`; the block goes from the draft straight to
+   the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
+3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
+With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
 
 Faults: every wait covers all shards and the draft (`ray.wait`, so a dead actor surfaces at once
-as RayActorError; a hung group after parallel.step_timeout_s). The coordinator then tears the whole
-runtime down, launches a new one (new placement group, new port), starts each unfinished row again
-from prompt + the tokens it already committed, and goes on; at most parallel.max_restarts times.
+as RayActorError; a hung group after parallel.step_timeout_s, as a StepTimeout). The coordinator
+then tears the whole runtime down, launches a new one (new placement group, new port) and raises
+BatchLost: the scheduler re-admits every unfinished row with prompt + the tokens it already has,
+its random stream rewound, so the output is unchanged; at most parallel.max_restarts times. An
+ordinary error inside an actor (a bad number, out of memory) is not a machine fault: it is raised as
+itself, without reloading any model.
 Shutdown: `close()` (also from the context manager, Ctrl-C, SIGTERM and interpreter exit) kills
 every actor and removes the placement group.
 """
@@ -41,22 +44,32 @@ import torch
 
 from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.group import ModelFactory, RuntimeActors, launch, teardown
-from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
+from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
-from distributed_spec.engine.config import EngineConfig, GenerationResult, RowStats, RunStats
-from distributed_spec.engine.draft_length import adapt_draft_lengths, next_draft_length, plan_step
-from distributed_spec.engine.speculative import append_tokens, prompt_budgets
-from distributed_spec.verify import draw_uniforms
+from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
+from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
+from distributed_spec.engine.scheduler import BatchLost, Scheduler
+from distributed_spec.engine.speculative import build_requests, to_result
 
 logger = logging.getLogger(__name__)
 
-# What a dead or hung actor looks like from the coordinator.
-FAULT_ERRORS = (ray.exceptions.RayError, TimeoutError)
-
-
 class GroupFailure(RuntimeError):
-    """The runtime stopped answering (an actor died or an iteration timed out)."""
+    """The runtime kept failing: more faults than parallel.max_restarts."""
+
+
+class StepTimeout(TimeoutError):
+    """No answer within parallel.step_timeout_s (or load_timeout_s): the group is taken as hung."""
+
+
+# What a dead or hung actor looks like from the coordinator (RayTaskError, an exception raised by
+# the actor's own code, is not among them: it is the step's error, not the machine's).
+FAULT_ERRORS = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+    TimeoutError,
+)
 
 
 @dataclass
@@ -98,21 +111,6 @@ class RuntimeTimings:
         return asdict(self)
 
 
-@dataclass
-class _Batch:
-    """Per-prompt state of one batch; survives restarts of the runtime."""
-
-    prompts: list[list[int]]
-    budgets: list[int]
-    outputs: list[list[int]]
-    finish_reasons: list[str | None]
-    row_stats: list[RowStats]
-    # Active rows (prompt indices), in the order of the actors' batch rows.
-    rows: list[int]
-    # Each prompt row's draft block length g for its next iteration (engine/draft_length.py).
-    gammas: list[int]
-
-
 class RayCoordinator:
     """Owns the batch and drives the draft actor and the target shard group."""
 
@@ -136,6 +134,9 @@ class RayCoordinator:
         self.draft_factory = draft_factory
         self.actors: RuntimeActors | None = None
         self.timings = RuntimeTimings()
+        self._relaunched = False
+        self._unreported_restarts = 0
+        self._first_step = True
         self._started_ray = False
         self._closed = False
         self._previous_handlers: dict[int, object] = {}
@@ -209,194 +210,136 @@ class RayCoordinator:
         return self.generate_with_stats(prompts_token_ids, tokenizer)[0]
 
     def generate_with_stats(
-        self, prompts_token_ids: Sequence[Sequence[int]], tokenizer=None
+        self, prompts_token_ids: Sequence[Sequence[int]], tokenizer=None, keys: Sequence | None = None
     ) -> tuple[list[GenerationResult], RunStats]:
         """Like the engine's: results and RunStats; `self.timings` holds the runtime's time split."""
-        tokenizer = tokenizer or self.tokenizer
-        if self.config.stop_strings and tokenizer is None:
-            raise ValueError(
-                "engine.stop_strings needs a tokenizer: pass tokenizer= or clear engine.stop_strings"
-            )
         self.start()
-        prompts = [list(map(int, prompt)) for prompt in prompts_token_ids]
-        budgets = self._check_prompts(prompts)
-        generator = torch.Generator().manual_seed(self.config.seed)
-        self.timings = RuntimeTimings()
-        results: list[GenerationResult] = []
-        stats = RunStats(gamma=self.config.gamma_limit)
-        size = self.config.max_batch_size
-        for start in range(0, len(prompts), size):
-            batch_results, batch_stats = self._generate_batch(
-                prompts[start : start + size], budgets[start : start + size], generator, tokenizer
-            )
-            results.extend(batch_results)
-            stats = stats.merge(batch_stats)
-        return results, stats
-
-    def _check_prompts(self, prompts: list[list[int]]) -> list[int]:
-        """Validate prompts against the target; each row's token budget (clipped to the context)."""
-        return prompt_budgets(prompts, self.actors.vocab_size, self.actors.max_context, self.config.max_new_tokens)
-
-    def _generate_batch(
-        self, prompts: list[list[int]], budgets: list[int], generator: torch.Generator, tokenizer
-    ) -> tuple[list[GenerationResult], RunStats]:
-        gamma_limit = self.config.gamma_limit
-        num_rows = len(prompts)
-        batch = _Batch(
-            prompts=prompts,
-            budgets=budgets,
-            outputs=[[] for _ in range(num_rows)],
-            finish_reasons=[None] * num_rows,
-            row_stats=[RowStats() for _ in range(num_rows)],
-            rows=list(range(num_rows)),
-            gammas=[self.config.gamma] * num_rows,
+        requests = build_requests(
+            prompts_token_ids, self.config, self.actors.vocab_size, self.actors.max_context, keys
         )
-        stats = RunStats(
-            gamma=gamma_limit,
-            num_proposed_per_position=[0] * gamma_limit,
-            num_accepted_per_position=[0] * gamma_limit,
-        )
-        start_time = time.perf_counter()
-        while batch.rows:
+        scheduler = self.scheduler(tokenizer)
+        finished = {id(request): request for request in scheduler.run(requests)}
+        return [to_result(finished[id(request)]) for request in requests], scheduler.stats
+
+    def scheduler(self, tokenizer=None) -> Scheduler:
+        """The engine's scheduler with this runtime as its executor (`run` streams requests)."""
+        self.start()
+        scheduler = Scheduler(self.config, self, tokenizer or self.tokenizer)
+        scheduler.on_step = self._on_step
+        return scheduler
+
+    def stream(self, requests, tokenizer=None):
+        """Decode a stream of requests with continuous batching; yields each as it finishes."""
+        return self.scheduler(tokenizer).run(requests)
+
+    def _on_step(self, step: int) -> None:
+        if self.on_iteration is not None:
+            self.on_iteration(self.timings.num_iterations)
+
+    # ---- the executor interface (engine/executor.py) -----------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.start().actors.vocab_size
+
+    @property
+    def max_context(self) -> int | None:
+        return self.start().actors.max_context
+
+    def begin(self, options: DecodeOptions) -> None:
+        """Start a run with an empty batch on every actor (relaunching a dead runtime first)."""
+        if not self._relaunched:
+            # A new run (not the same run going on after a relaunch): its own counters.
+            self.timings = RuntimeTimings()
+        self._relaunched = False
+        while True:
             try:
                 self.start()
-                self._start(batch)
-                self._decode(batch, stats, generator, tokenizer)
+                settings = decode_settings(self.config, self.runtime)
+                refs = [shard.begin.remote(settings) for shard in self.actors.shards]
+                if self.actors.draft is not None:
+                    refs.append(self.actors.draft.begin.remote(settings))
+                self._wait(refs, self.runtime.load_timeout_s)
+                self._first_step = True
+                return
             except FAULT_ERRORS as error:
                 self._restart(error)
-        stats.total_s = time.perf_counter() - start_time
-        stats.other_s = stats.total_s - stats.draft_s - stats.target_s - stats.verify_s
-        for row in range(num_rows):
-            batch.row_stats[row].num_tokens = len(batch.outputs[row])
-        stats.num_tokens = sum(len(output) for output in batch.outputs)
-        results = [
-            GenerationResult(
-                token_ids=batch.outputs[row],
-                finish_reason=batch.finish_reasons[row],
-                stats=batch.row_stats[row],
-            )
-            for row in range(num_rows)
-        ]
-        return results, stats
 
-    def _restart(self, error: BaseException) -> None:
-        """Tear the dead runtime down; the next loop turn launches a fresh one and resumes."""
-        if self.actors is not None:
-            actors, self.actors = self.actors, None
-            teardown(actors)
-        self.timings.num_restarts += 1
-        if self.timings.num_restarts > self.runtime.max_restarts:
-            raise GroupFailure(
-                f"the runtime failed {self.timings.num_restarts} times (last: {error!r}); "
-                "raise parallel.max_restarts or check the actors' logs"
-            ) from error
-        logger.warning(
-            "runtime failed (%r); restarting it (%d/%d)",
-            error,
-            self.timings.num_restarts,
-            self.runtime.max_restarts,
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost."""
+        try:
+            return self._execute(plan)
+        except ray.exceptions.RayTaskError as error:
+            if not isinstance(getattr(error, "cause", None), FAULT_ERRORS):
+                # The actor's own exception (bad numbers, out of memory): the step's error, not a fault.
+                raise error.as_instanceof_cause() from None
+            # A task whose input came from a dead actor: a fault.
+            fault: BaseException = error
+        except FAULT_ERRORS as error:
+            fault = error
+        self._restart(fault)
+        raise BatchLost(f"the runtime was relaunched after {fault!r}") from fault
+
+    def _execute(self, plan: StepPlan) -> StepOutcome:
+        actors = self.actors
+        iteration_start = time.perf_counter()
+        request = StepRequest(
+            keep_rows=plan.keep_rows,
+            new_prompts=plan.new_prompts,
+            decoding=plan.decoding,
+            num_draft_tokens=plan.num_draft_tokens,
+            eta=plan.eta,
+            u=plan.u,
+            prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
-
-    def _start(self, batch: _Batch) -> None:
-        """Start every actor's batch with prompt + committed tokens of each active row (these go through
-        the models with the first iteration's forwards; the committed tokens are there after a fault)."""
-        sequences = [batch.prompts[row] + batch.outputs[row] for row in batch.rows]
-        settings = decode_settings(self.config, self.runtime)
-        refs = [shard.start.remote(sequences, settings) for shard in self.actors.shards]
-        if self.actors.draft is not None:
-            refs.append(self.actors.draft.start.remote(sequences, settings))
-        self._wait(refs, self.runtime.load_timeout_s)
-
-    def _decode(self, batch: _Batch, stats: RunStats, generator: torch.Generator, tokenizer) -> None:
-        """Iterate until every row of the batch has finished (or the runtime fails)."""
-        config, actors, timings = self.config, self.actors, self.timings
-        keep_rows: torch.Tensor | None = None
-        # The first iteration also runs the staged prompts through both models: it gets the load timeout.
-        timeout_s = max(self.runtime.load_timeout_s, self.runtime.step_timeout_s)
-        while batch.rows:
-            iteration_start = time.perf_counter()
-            num_rows = len(batch.rows)
-            remaining = [batch.budgets[row] - len(batch.outputs[row]) for row in batch.rows]
-            row_gammas = [batch.gammas[row] for row in batch.rows]
-            step_gamma, num_draft_list = plan_step(row_gammas, remaining) if config.uses_draft else (0, [0] * num_rows)
-            num_draft_tokens = torch.tensor(num_draft_list)
-            # Same order of draws as the engine: draft uniforms, then the verifier's.
-            draft_uniforms = torch.rand(num_rows, step_gamma, generator=generator, dtype=torch.float64)
-            uniforms = draw_uniforms(num_rows, step_gamma, generator)
-            request = StepRequest(
-                keep_rows=keep_rows, num_draft_tokens=num_draft_tokens, eta=uniforms.eta, u=uniforms.u
+        # A launched draft sits idle while the method needs none (the autoregressive baseline).
+        draft = actors.draft if self.config.uses_draft else None
+        if draft is not None:
+            draft_request = DraftRequest(
+                keep_rows=plan.keep_rows,
+                new_prompts=plan.new_prompts,
+                decoding=plan.decoding,
+                gamma=plan.gamma,
+                draft_uniforms=plan.draft_uniforms,
             )
-            if actors.draft is not None:
-                block = actors.draft.propose.remote(keep_rows, step_gamma, draft_uniforms)
-            else:
-                block = DraftBlock(
-                    draft_ids=torch.zeros(num_rows, 0, dtype=torch.long),
-                    probs_values=None,
-                    probs_ids=None,
-                    vocab_size=actors.vocab_size,
-                )
-            result_refs = [shard.score_and_verify.remote(block, request) for shard in actors.shards]
-            if actors.draft is not None:
-                if self.runtime.overlap:
-                    actors.draft.propose_ahead.remote(
-                        _gamma_if_all_kept(row_gammas, remaining, num_draft_list, config)
-                    )
-                actors.draft.commit.remote(result_refs[0])
-            submitted = time.perf_counter()
-            result: StepResult = self._wait(result_refs, timeout_s)[0]
-            timeout_s = self.runtime.step_timeout_s
-            answered = time.perf_counter()
-
-            if config.uses_draft and config.gamma_schedule == "adaptive":
-                adapt_draft_lengths(
-                    batch.gammas,
-                    batch.rows,
-                    result.accepted_counts.tolist(),
-                    result.num_draft_tokens.tolist(),
-                    config.max_gamma,
-                )
-            keep = self._record(batch, stats, result, tokenizer)
-            keep_rows = torch.tensor(keep, dtype=torch.long) if len(keep) < num_rows else None
-            batch.rows = [batch.rows[index] for index in keep]
-            stats.num_row_iterations += num_rows
-            stats.num_target_calls += 1
-            stats.num_draft_calls = result.num_draft_calls
-            iteration_end = time.perf_counter()
-            self._time(
-                stats,
-                result,
-                iteration_end - iteration_start,
-                (submitted - iteration_start) + (iteration_end - answered),
+            verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
+        if draft is None or plan.gamma == 0:
+            verifier_block = ids_block = DraftBlock(
+                draft_ids=torch.zeros(plan.num_rows, 0, dtype=torch.long),
+                probs_values=None,
+                probs_ids=None,
+                vocab_size=actors.vocab_size,
             )
-            if self.on_iteration is not None:
-                self.on_iteration(timings.num_iterations)
+        result_refs = [
+            shard.score_and_verify.remote(verifier_block if rank == 0 else ids_block, request)
+            for rank, shard in enumerate(actors.shards)
+        ]
+        if draft is not None:
+            same_rows = not plan.new_prompts and bool(plan.decoding.all())
+            if self.runtime.overlap and plan.gamma > 0 and plan.next_gamma_guess > 0 and same_rows:
+                draft.propose_ahead.remote(plan.next_gamma_guess)
+            draft.commit.remote(result_refs[0])
+        submitted = time.perf_counter()
+        # The first step also runs the staged prompts through both models: it gets the load timeout.
+        timeout_s = self.runtime.load_timeout_s if self._first_step else self.runtime.step_timeout_s
+        result: StepResult = self._wait(result_refs, timeout_s)[0]
+        self._first_step = False
+        answered = time.perf_counter()
+        outcome = StepOutcome(
+            accepted_counts=result.accepted_counts,
+            next_tokens=result.next_tokens,
+            draft_ids=result.draft_ids,
+            num_draft_tokens=result.num_draft_tokens,
+            target_s=result.target_s,
+            verify_s=result.verify_s,
+            num_draft_calls=result.num_draft_calls,
+            num_target_calls=result.num_target_calls,
+        )
+        coordinator_s = (submitted - iteration_start) + (time.perf_counter() - answered)
+        self._time(outcome, result, time.perf_counter() - iteration_start, coordinator_s)
+        return outcome
 
-    def _record(self, batch: _Batch, stats: RunStats, result: StepResult, tokenizer) -> list[int]:
-        """Append each row's tokens, update the counters; return the indices of the rows that go on."""
-        accepted_list = result.accepted_counts.tolist()
-        next_list = result.next_tokens.tolist()
-        draft_list = result.draft_ids.tolist()
-        num_draft_list = result.num_draft_tokens.tolist()
-        keep = []
-        for index, row in enumerate(batch.rows):
-            tau = accepted_list[index]
-            for position in range(num_draft_list[index]):
-                stats.num_proposed_per_position[position] += 1
-                stats.num_accepted_per_position[position] += int(position < tau)
-            batch.row_stats[row].num_iterations += 1
-            batch.row_stats[row].num_accepted += tau
-            batch.finish_reasons[row] = append_tokens(
-                batch.outputs[row],
-                draft_list[index][:tau] + [next_list[index]],
-                batch.budgets[row],
-                self.config,
-                tokenizer,
-            )
-            if batch.finish_reasons[row] is None:
-                keep.append(index)
-        return keep
-
-    def _time(self, stats: RunStats, result: StepResult, iteration_s: float, coordinator_s: float) -> None:
+    def _time(self, outcome: StepOutcome, result: StepResult, iteration_s: float, coordinator_s: float) -> None:
         timings = self.timings
         draft_s = 0.0 if result.from_overlap else result.draft_s
         unexplained = max(0.0, iteration_s - draft_s - result.target_s - result.verify_s - coordinator_s)
@@ -411,13 +354,40 @@ class RayCoordinator:
         timings.target_s += result.target_s
         timings.verify_s += result.verify_s
         timings.coordinator_s += coordinator_s
-        timings.transfer_s += max(
-            0.0, iteration_s - draft_s - result.target_s - result.verify_s - coordinator_s
-        )
+        transfer_s = max(0.0, iteration_s - draft_s - result.target_s - result.verify_s - coordinator_s)
+        timings.transfer_s += transfer_s
         timings.num_wire_bytes += result.num_wire_bytes
-        stats.draft_s += draft_s
-        stats.target_s += result.target_s
-        stats.verify_s += result.verify_s
+        outcome.draft_s = draft_s
+        outcome.extra = {
+            "transfer_s": transfer_s,
+            "coordinator_s": coordinator_s,
+            "draft_overlapped_s": result.draft_s if result.from_overlap else 0.0,
+            "num_wire_bytes": float(result.num_wire_bytes),
+            "num_overlap_hits": float(result.from_overlap),
+            "num_restarts": float(self._unreported_restarts),
+        }
+        self._unreported_restarts = 0
+
+    def _restart(self, error: BaseException) -> None:
+        """Tear the dead runtime down; the next start() launches a fresh one."""
+        if self.actors is not None:
+            actors, self.actors = self.actors, None
+            teardown(actors)
+        self.timings.num_restarts += 1
+        self._unreported_restarts += 1
+        self._relaunched = True
+        if self.timings.num_restarts > self.runtime.max_restarts:
+            raise GroupFailure(
+                f"the runtime failed {self.timings.num_restarts} times (last: {error!r}); "
+                "raise parallel.max_restarts or check the actors' logs"
+            ) from error
+        logger.warning(
+            "runtime failed (%r); restarting it (%d/%d)",
+            error,
+            self.timings.num_restarts,
+            self.runtime.max_restarts,
+        )
+        self.start()
 
     def _wait(self, refs: list[ray.ObjectRef], timeout_s: float) -> list:
         """ray.get on every ref, failing as soon as any actor is dead, or after `timeout_s`."""
@@ -426,7 +396,7 @@ class RayCoordinator:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise GroupFailure(
+                raise StepTimeout(
                     f"no answer from {len(pending)} actor call(s) within {timeout_s:.0f} s "
                     "(parallel.step_timeout_s / parallel.load_timeout_s)"
                 )
@@ -449,21 +419,3 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSe
         wire=wire,
         draft_confidence_threshold=config.draft_confidence_threshold,
     )
-
-
-def _gamma_if_all_kept(
-    row_gammas: list[int], remaining: list[int], num_draft_tokens: list[int], config: EngineConfig
-) -> int:
-    """The next step's block length if every row keeps its whole block: the length to draft ahead.
-
-    Rows the block brings to their budget are left out. It can still miss (an EOS ends a row, a
-    confidence stop shortens the block); the draft worker then drops the block drafted ahead.
-    """
-    adaptive = config.gamma_schedule == "adaptive"
-    next_gammas, next_remaining = [], []
-    for gamma, budget, num_drafted in zip(row_gammas, remaining, num_draft_tokens):
-        left = budget - num_drafted - 1
-        if left >= 1:
-            next_remaining.append(left)
-            next_gammas.append(next_draft_length(gamma, num_drafted, num_drafted, config.max_gamma) if adaptive else gamma)
-    return plan_step(next_gammas, next_remaining)[0] if next_gammas else max(row_gammas)

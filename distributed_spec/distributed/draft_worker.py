@@ -1,7 +1,8 @@
 """`DraftWorker`: the draft model and its KV cache in one Ray actor (built by the coordinator).
 
-It wraps the single-process engine's draft runner and steps (engine/steps.py): `propose` draws
-X_1..X_g, `commit` rolls its cache back to the kept prefix. Two additions, both exact:
+It wraps the single-process engine's draft side (engine/sides.py): `step` applies the last verdict
+and the step's row changes, then draws X_1..X_g (or nothing, in a step without a draft); `commit`
+hands it rank 0's verdict, applied at the next `step`. Two additions, both exact:
 - the draft samples from q as it will be decoded by the verifier (wire.py: reduced precision or
   top-k), so the verifier reads exactly the distribution the draft sampled from;
 - `propose_ahead` (parallel.overlap): while the shards verify block k, the draft feeds X_g, guesses
@@ -9,7 +10,7 @@ X_1..X_g, `commit` rolls its cache back to the kept prefix. Two additions, both 
   accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
   would have drawn from that context); otherwise the 2g speculative slots are rolled back.
 
-Verbs: `load`, `start`, `propose`, `propose_ahead`, `commit`, `shutdown`.
+Verbs: `load`, `begin`, `step`, `propose_ahead`, `commit`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from distributed_spec.distributed.messages import DecodeSettings, StepResult
+from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepResult
 from distributed_spec.distributed.wire import DraftBlock, WireFormat, sample_view
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.engine.steps import commit_draft, propose
+from distributed_spec.engine.sides import DraftSide
+from distributed_spec.engine.steps import propose
 from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
 
 
@@ -81,6 +83,7 @@ class DraftWorker:
     def __init__(self, num_threads: int = 1) -> None:
         torch.set_num_threads(max(1, num_threads))
         self.runner: ModelRunner | None = None
+        self.side: DraftSide | None = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -96,49 +99,50 @@ class DraftWorker:
         self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
         model = model_factory().to(self.device)
         self.runner = ModelRunner(model, compact_fraction)
+        self.side = DraftSide(self.runner)
         # Uniforms of blocks drafted ahead (the coordinator cannot know their rows in advance).
         self.generator = torch.Generator().manual_seed(seed)
         max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
 
-    def start(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
-        """Start a batch: stage prompt[:-1] of every row (it goes in with the first draft step); the last
-        prompt token is the first pending input."""
+    def begin(self, settings: DecodeSettings) -> None:
+        """Start a run with an empty batch."""
         self.sampling, self.wire = settings.sampling, settings.wire
         self.confidence_threshold = settings.draft_confidence_threshold
-        self.runner.start([prompt[:-1] for prompt in prompt_ids])
-        self.input_ids = torch.tensor([[prompt[-1]] for prompt in prompt_ids], device=self.device)  # [B, 1]
-        self.input_mask = torch.ones_like(self.input_ids)  # [B, 1]
-        self.draft_ids: torch.Tensor | None = None  # [B, g] of the block being verified
+        self.side.reset()
+        self.draft_ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, g] being verified
+        self.decoding = torch.zeros(0, dtype=torch.bool, device=self.device)  # [B] of that step
         self.result: StepResult | None = None
         self.ahead: _AheadBlock | None = None
 
-    def propose(self, keep_rows: torch.Tensor | None, gamma: int, draft_uniforms: torch.Tensor) -> DraftBlock:
-        """Apply the last verification result, drop finished rows, return the next block.
-
-        Args:
-            keep_rows: [B'] long or None; draft_uniforms: [B', g] float64 (unused on an overlap hit).
-        """
+    def step(self, request: DraftRequest) -> tuple[DraftBlock | None, DraftBlock | None]:
+        """Apply the last verdict and the row changes; return the next block twice: whole (for shard
+        rank 0, the verifier) and without q (for the other shards). (None, None) when request.gamma
+        is 0: the step runs without a draft."""
         start = time.perf_counter()
         discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
-        ahead = self._apply_result(keep_rows, gamma)
-        if ahead is not None:
-            self.draft_ids = ahead.draft_ids
-            return ahead.block
+        usable = self._apply_result(request)
+        self.decoding = request.decoding.to(self.device)
+        if request.gamma == 0:
+            self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
+            return None, None
+        if usable is not None:
+            self.draft_ids = usable.draft_ids
+            return usable.block, usable.block.without_probs()
         draft_ids, values, ids, num_drafted = propose_on_wire(
             self.runner,
-            self.input_ids,
-            self.input_mask,
-            gamma,
+            self.side.pending_ids,
+            self.side.pending_mask * self.decoding[:, None].long(),
+            request.gamma,
             self.sampling,
-            draft_uniforms,
+            request.draft_uniforms,
             self.wire,
             self.confidence_threshold,
         )
         self.draft_ids = draft_ids
         block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.discarded_ahead_s = discarded_ahead_s
-        return block
+        return block, block.without_probs()
 
     def propose_ahead(self, gamma: int) -> None:
         """Draft block k+1 (g tokens) while block k is verified, assuming block k is accepted whole."""
@@ -164,45 +168,45 @@ class DraftWorker:
         self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block, gamma=gamma)
 
     def commit(self, result: StepResult) -> None:
-        """Remember rank 0's verdict; it is applied at the next `propose`, which knows the kept rows."""
+        """Remember rank 0's verdict; it is applied at the next `step`, which knows the kept rows."""
         self.result = result
 
     def shutdown(self) -> None:
         self.runner = None
+        self.side = None
 
-    def _apply_result(self, keep_rows: torch.Tensor | None, gamma: int) -> _AheadBlock | None:
-        """Roll the cache back to the kept prefix; return the block drafted ahead when it is valid."""
+    def _apply_result(self, request: DraftRequest) -> _AheadBlock | None:
+        """Roll the cache back to the kept prefix and apply the row changes; return the block drafted
+        ahead when it is valid for this step."""
         result, ahead = self.result, self.ahead
         self.result, self.ahead = None, None
+        keep_rows = request.keep_rows
         usable = None
         if result is not None:
             accepted_counts = result.accepted_counts.to(self.device)  # [B]
             next_tokens = result.next_tokens.to(self.device)  # [B]
-            verified_gamma = self.draft_ids.shape[1]
             if ahead is None:
-                self.input_ids, self.input_mask = commit_draft(
-                    self.runner, self.draft_ids, accepted_counts, next_tokens
-                )
+                self.side.commit(self.draft_ids, accepted_counts, next_tokens, self.decoding)
             else:
+                verified_gamma = self.draft_ids.shape[1]
                 hit = (accepted_counts == verified_gamma) & (next_tokens == ahead.guess_ids)  # [B]
                 kept_hit = hit if keep_rows is None else hit[keep_rows.to(self.device)]
+                same_rows = not request.new_prompts and bool(request.decoding.all())
                 # Host sync: whether the block drafted ahead is usable decides what to run next.
-                if bool(kept_hit.all()) and ahead.gamma == gamma:
+                if same_rows and bool(kept_hit.all()) and ahead.gamma == request.gamma:
                     usable = ahead
                 else:
                     # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.
                     num_new_slots = verified_gamma + ahead.draft_ids.shape[1]
                     self.runner.rollback(accepted_counts, num_new_slots)
-                    self.input_ids = torch.stack([self.draft_ids[:, -1], next_tokens], dim=1)  # [B, 2]
-                    self.input_mask = torch.stack(
+                    self.side.pending_ids = torch.stack([self.draft_ids[:, -1], next_tokens], dim=1)  # [B, 2]
+                    self.side.pending_mask = torch.stack(
                         [torch.zeros_like(next_tokens), torch.ones_like(next_tokens)], dim=1
                     )
-        if keep_rows is not None:
-            keep_rows = keep_rows.to(self.device)
-            self.runner.drop_rows(keep_rows)
-            self.input_ids, self.input_mask = self.input_ids[keep_rows], self.input_mask[keep_rows]
-            if usable is not None:
-                usable = _select_rows(usable, keep_rows)
+                self.side.last_ids = next_tokens
+        self.side.update_rows(keep_rows, request.new_prompts)
+        if usable is not None and keep_rows is not None:
+            usable = _select_rows(usable, keep_rows.to(self.device))
         return usable
 
     def _pack(

@@ -24,17 +24,38 @@ class DecodeSettings:
 
 @dataclass
 class StepRequest:
-    """What every shard receives besides the draft block, identical on every rank."""
+    """What every shard receives besides the draft block, identical on every rank (the scheduler's
+    StepPlan without the draft's part)."""
 
-    # [B'] long indices of the rows that stay (finished rows leave), or None when all stay.
+    # [B_prev'] long indices of the previous step's rows that stay, or None when all stay.
     keep_rows: torch.Tensor | None
-    # [B] long: n per row, draft tokens that row may verify (<= g; ragged near max_new_tokens);
-    # a row whose block the draft ended earlier (confidence stop) verifies only its own drafts.
+    # Prompts of the rows that join after the kept ones (prompt[:-1] staged, prompt[-1] their Y).
+    new_prompts: list[list[int]]
+    # [B] bool: rows whose prompt is (or goes now) wholly through the target; only these verify.
+    decoding: torch.Tensor
+    # [B] long: n per row, draft tokens that row may verify (<= g; 0 when not decoding); a row whose
+    # block the draft ended earlier (confidence stop) verifies only its own drafts.
     num_draft_tokens: torch.Tensor
     # [B, g] float64 in [0, 1): the verifier's eta (block/token verification), rank 0 reads them.
     eta: torch.Tensor
     # [B] float64 in [0, 1): drives sampling of the correction/bonus token.
     u: torch.Tensor
+    # Prompt tokens fed per row at most in this step (engine.prefill_chunk_tokens; None: all).
+    prefill_chunk_tokens: int | None = None
+
+
+@dataclass
+class DraftRequest:
+    """What the draft actor receives each step (also in steps without a draft: rows change)."""
+
+    keep_rows: torch.Tensor | None
+    new_prompts: list[list[int]]
+    # [B] bool, as in StepRequest.
+    decoding: torch.Tensor
+    # Draft tokens to propose per row; 0: no proposal in this step (an autoregressive step).
+    gamma: int
+    # [B, g] float64: the draft's sampling uniforms.
+    draft_uniforms: torch.Tensor
 
 
 @dataclass
@@ -56,9 +77,10 @@ class StepResult:
     # Copied from the draft block: seconds the draft spent on it, and whether it was drafted ahead.
     draft_s: float = 0.0
     from_overlap: bool = False
-    # Bytes of the draft block as it crossed the wire.
+    # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only).
     num_wire_bytes: int = 0
-    # The draft's forward calls so far (cumulative, from the block).
+    # The draft's forward calls so far (cumulative, from the block) and the target's (rank 0).
     num_draft_calls: int = 0
+    num_target_calls: int = 0
     # Seconds of a discarded block drafted ahead (from the block).
     discarded_ahead_s: float = 0.0

@@ -6,13 +6,15 @@ the same factory, and keeps only its slice through DeepSpeed AutoTP
 sharding pass the model is an ordinary module whose linear layers all-reduce inside the group, so
 the single-process runner drives it unchanged (STYLE.md habits 4 and 5).
 
-Verbs: `node_id`, `load`, `logits` (tests), `start`, `score_and_verify`, `shutdown`.
+Verbs: `node_id`, `load`, `logits` (tests), `begin`, `score_and_verify`, `shutdown`.
 
-One step (`score_and_verify`): every rank scores [Y, X_1..X_g] in one forward (the all-reduces of
-the row-parallel layers run inside it); rank 0 decodes q and verifies with the uniforms the
-coordinator drew, then broadcasts [accepted_counts, next_tokens] so every rank crops its KV cache
-identically even if a backend's all-reduce ever differed in the last bit between ranks. Full target
-probabilities never leave the group: rank 0 answers with 2B ids and the verified block.
+One step (`score_and_verify`): every rank applies the step's row changes (finished rows leave, new
+rows join with their prompts staged) and scores [Y, X_1..X_g] after each row's next prompt chunk in
+one forward (engine/sides.py TargetSide; the all-reduces of the row-parallel layers run inside it);
+rank 0 alone receives q, decodes it and verifies with the uniforms the scheduler drew, then
+broadcasts [accepted_counts, next_tokens] so every rank crops its KV cache identically even if a
+backend's all-reduce ever differed in the last bit between ranks. Full target probabilities never
+leave the group: rank 0 answers with 2B ids and the verified block.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import torch.distributed as dist
 from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
 from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
 from distributed_spec.distributed.wire import DraftBlock, unpack_probs
+from distributed_spec.engine.executor import verify_step
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.engine.steps import commit_target, sample_autoregressive, score
-from distributed_spec.verify import VerifyUniforms, verify_logits
+from distributed_spec.engine.sides import TargetSide
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class TargetShard:
         torch.set_num_threads(max(1, num_threads))
         self.model: torch.nn.Module | None = None
         self.runner: ModelRunner | None = None
+        self.side: TargetSide | None = None
         self.rank = -1
         self.world_size = 1
         self.device = torch.device("cpu")
@@ -95,55 +98,46 @@ class TargetShard:
         dtype = next(model.parameters()).dtype
         self.model = shard_with_autotp(model, rendezvous.world_size, dtype)
         self.runner = ModelRunner(self.model, compact_fraction)
+        self.side = TargetSide(self.runner)
         max_context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
 
-    def start(self, prompt_ids: list[list[int]], settings: DecodeSettings) -> None:
-        """Start a batch: stage prompt[:-1] of every row (it goes in with the first scored block); the
-        last prompt token is each row's first Y."""
+    def begin(self, settings: DecodeSettings) -> None:
+        """Start a run with an empty batch."""
         self.method, self.sampling = settings.method, settings.sampling
-        self.runner.start([prompt[:-1] for prompt in prompt_ids])
-        self.last_ids = torch.tensor([prompt[-1] for prompt in prompt_ids], device=self.device)  # [B]
+        self.side.reset()
 
     @torch.no_grad()
     def score_and_verify(self, block: DraftBlock, request: StepRequest) -> StepResult | None:
-        """Score the block, verify it inside the group, crop the cache. Rank 0 returns the result."""
-        if request.keep_rows is not None:
-            keep_rows = request.keep_rows.to(self.device)
-            self.runner.drop_rows(keep_rows)
-            self.last_ids = self.last_ids[keep_rows]
+        """Apply the row changes, score the block, verify it inside the group, crop the cache. Rank 0
+        returns the result (the other ranks get the block without q)."""
+        self.side.update_rows(request.keep_rows, request.new_prompts)
         draft_ids = block.draft_ids.to(self.device)  # [B, g]
         gamma = draft_ids.shape[1]
+        decoding = request.decoding.to(self.device)  # [B]
         num_draft_tokens = request.num_draft_tokens  # [B]
         if block.num_drafted is not None:
             num_draft_tokens = torch.minimum(num_draft_tokens, block.num_drafted)
         start = time.perf_counter()
-        target_logits = score(self.runner, self.last_ids, draft_ids)  # [B, g+1, V]
+        target_logits = self.side.score(draft_ids, decoding, request.prefill_chunk_tokens)  # [B, g+1, V]
         self._synchronize()
         scored = time.perf_counter()
         verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
         if self.rank == 0:
-            u = request.u.to(self.device)
-            if gamma == 0:
-                verdict[0].zero_()
-                verdict[1] = sample_autoregressive(target_logits, u, self.sampling)
-            else:
-                uniforms = VerifyUniforms(eta=request.eta[:, :gamma].to(self.device), u=u)
-                verified = verify_logits(
-                    self.method,
-                    draft_ids,
-                    unpack_probs(block, self.device),
-                    target_logits,
-                    num_draft_tokens.to(self.device),
-                    uniforms,
-                    self.sampling,
-                )
-                verdict[0], verdict[1] = verified.accepted_counts, verified.next_tokens
+            verdict[0], verdict[1] = verify_step(
+                self.method,
+                self.sampling,
+                draft_ids,
+                unpack_probs(block, self.device) if gamma > 0 else None,
+                target_logits,
+                num_draft_tokens,
+                request.eta,
+                request.u,
+            )
         if self.world_size > 1:
             dist.broadcast(verdict, src=0)
         accepted_counts, next_tokens = verdict[0], verdict[1]
-        commit_target(self.runner, accepted_counts, gamma)
-        self.last_ids = next_tokens
+        self.side.commit(accepted_counts, next_tokens, decoding, gamma)
         self._synchronize()
         if self.rank != 0:
             return None
@@ -159,6 +153,7 @@ class TargetShard:
             from_overlap=block.from_overlap,
             num_wire_bytes=block.num_wire_bytes,
             num_draft_calls=block.num_draft_calls,
+            num_target_calls=self.runner.num_forward_calls,
             discarded_ahead_s=block.discarded_ahead_s,
         )
 

@@ -59,6 +59,20 @@ class DraftBlock:
     # Seconds spent on a block drafted ahead and then discarded just before this one (overlap miss).
     discarded_ahead_s: float = 0.0
 
+    def without_probs(self) -> DraftBlock:
+        """The block as the shards that do not verify receive it: the ids, no q."""
+        return DraftBlock(
+            draft_ids=self.draft_ids,
+            probs_values=None,
+            probs_ids=None,
+            vocab_size=self.vocab_size,
+            num_drafted=self.num_drafted,
+            draft_s=self.draft_s,
+            from_overlap=self.from_overlap,
+            num_draft_calls=self.num_draft_calls,
+            discarded_ahead_s=self.discarded_ahead_s,
+        )
+
     @property
     def num_wire_bytes(self) -> int:
         tensors = (self.draft_ids, self.probs_values, self.probs_ids)

@@ -38,7 +38,9 @@ from distributed_spec.engine.config import (
     RowStats,
     RunStats,
 )
+from distributed_spec.engine.executor import LocalExecutor, StepOutcome, StepPlan
 from distributed_spec.engine.runner import ModelRunner
+from distributed_spec.engine.scheduler import BatchLost, Request, Scheduler, request_seed
 from distributed_spec.engine.speculative import SpeculativeEngine
 from distributed_spec.engine.steps import commit_draft, commit_target, propose, sample_autoregressive, score
 
@@ -46,14 +48,21 @@ __all__ = [
     "ENGINE_METHODS",
     "FINISH_REASONS",
     "EngineConfig",
+    "BatchLost",
     "GenerationResult",
+    "LocalExecutor",
     "ModelRunner",
+    "Request",
+    "Scheduler",
+    "StepOutcome",
+    "StepPlan",
     "RowStats",
     "RunStats",
     "SpeculativeEngine",
     "commit_draft",
     "commit_target",
     "propose",
+    "request_seed",
     "sample_autoregressive",
     "score",
 ]

@@ -24,10 +24,11 @@ class EngineConfig:
     # Draft block length g: tokens the draft proposes per iteration (ignored by "autoregressive");
     # the starting g of every row under the "adaptive" schedule.
     gamma: int = 4
-    # "constant" (g = gamma throughout) or "adaptive" (per row: +2 after a fully kept block, -1
-    # otherwise, within [1, max_gamma]; see draft_length.py).
+    # "constant" (g = gamma throughout), "adaptive" (per row: +2 after a fully kept block, -1
+    # otherwise, within [1, max_gamma]; see draft_length.py) or "goodput" (each step the g in
+    # {0, ..., max_gamma} with the most expected tokens per second, 0 = no draft; see goodput.py).
     gamma_schedule: str = "constant"
-    # The largest g the "adaptive" schedule reaches.
+    # The largest g the "adaptive" and "goodput" schedules use.
     max_gamma: int = 8
     # A row's block ends after the first draft token whose draft probability is below this (0: off).
     draft_confidence_threshold: float = 0.0
@@ -35,8 +36,14 @@ class EngineConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Tokens to generate per prompt at most (finish_reason "length" when reached).
     max_new_tokens: int = 64
-    # Prompts decoded together; longer prompt lists are split into batches of this size.
+    # Rows decoded together at most.
     max_batch_size: int = 8
+    # True: a finished row's place goes to the next prompt at the next step (continuous batching);
+    # False: static batches (the next batch starts when the last row of the current one ends).
+    continuous_batching: bool = True
+    # Prompt tokens a row feeds the target per step at most (a long prompt goes in by chunks beside
+    # the other rows' blocks instead of stalling them); None: the whole prompt at once.
+    prefill_chunk_tokens: int | None = 256
     # Seed of the torch.Generator that draws every uniform of a run.
     seed: int = 0
     # Token ids that end a sequence (kept as its last token; finish_reason "eos").
@@ -58,6 +65,8 @@ class EngineConfig:
             raise ValueError(
                 f"engine.gamma_schedule must be one of {GAMMA_SCHEDULES}, got {self.gamma_schedule!r}"
             )
+        if self.gamma_schedule == "goodput" and self.max_gamma < 1:
+            raise ValueError(f"engine.max_gamma must be >= 1 for the goodput schedule, got {self.max_gamma}")
         if self.gamma_schedule == "adaptive" and self.max_gamma < self.gamma:
             raise ValueError(
                 f"engine.max_gamma ({self.max_gamma}) must be >= engine.gamma ({self.gamma}), the adaptive "
@@ -72,6 +81,8 @@ class EngineConfig:
             raise ValueError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_batch_size < 1:
             raise ValueError(f"engine.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError(f"engine.prefill_chunk_tokens must be >= 1 or null, got {self.prefill_chunk_tokens}")
         if not 0.0 < self.compact_fraction <= 1.0:
             raise ValueError(f"engine.compact_fraction must be in (0, 1], got {self.compact_fraction}")
         self.eos_token_ids = tuple(int(token_id) for token_id in self.eos_token_ids)
@@ -88,7 +99,7 @@ class EngineConfig:
         """The longest block any iteration drafts (0 without a draft)."""
         if not self.uses_draft:
             return 0
-        return self.max_gamma if self.gamma_schedule == "adaptive" else self.gamma
+        return self.gamma if self.gamma_schedule == "constant" else self.max_gamma
 
 
 @dataclass
@@ -124,6 +135,10 @@ class RunStats:
     # [g] per draft position i: rows that verified a draft token at i / rows that kept it.
     num_proposed_per_position: list[int] = field(default_factory=list)
     num_accepted_per_position: list[int] = field(default_factory=list)
+    # [g_limit + 1] steps that drafted g tokens per row, g = 0 (no draft) .. g_limit.
+    num_steps_per_draft_len: list[int] = field(default_factory=list)
+    # Runtime-specific additive counters (the Ray runtime's transfer time, wire bytes, restarts).
+    extra: dict[str, float] = field(default_factory=dict)
     # Wall-clock seconds: draft proposals, target scoring (prompts included), verification, and
     # everything else (cache rollback/compaction, bookkeeping, stop checks).
     draft_s: float = 0.0
@@ -159,8 +174,17 @@ class RunStats:
         def padded(counts: list[int]) -> list[int]:
             return counts + [0] * (gamma - len(counts))
 
+        steps_a, steps_b = self.num_steps_per_draft_len, other.num_steps_per_draft_len
+        width = max(len(steps_a), len(steps_b))
+        extra = dict(self.extra)
+        for name, value in other.extra.items():
+            extra[name] = extra.get(name, 0.0) + value
         return RunStats(
             gamma=gamma,
+            num_steps_per_draft_len=[
+                a + b for a, b in zip(steps_a + [0] * (width - len(steps_a)), steps_b + [0] * (width - len(steps_b)))
+            ],
+            extra=extra,
             num_target_calls=self.num_target_calls + other.num_target_calls,
             num_draft_calls=self.num_draft_calls + other.num_draft_calls,
             num_tokens=self.num_tokens + other.num_tokens,
@@ -193,6 +217,7 @@ class RunStats:
             "block_efficiency": self.block_efficiency,
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_per_position": self.acceptance_per_position,
+            "steps_per_draft_len": list(self.num_steps_per_draft_len),
             "tokens_per_s": self.tokens_per_s,
             "draft_s": self.draft_s,
             "target_s": self.target_s,

@@ -3,10 +3,12 @@
     from distributed_spec.engine.runner import ModelRunner
 
 The same class serves the draft and the target (and, in the Ray runtime, each tensor-parallel shard
-of the target). Its verbs: `start`, `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
-`start` stages a batch's prompts so that they go through the model with the first `forward_tokens`
-call (the first draft step, or the first block the target scores): one forward per batch fewer than
-`prefill` + `forward_tokens`, as in HF assisted generation, with the same cache afterwards.
+of the target). Its verbs: `start`, `add_rows`, `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
+`start` / `add_rows` stage prompts so that they go through the model with the next `forward_tokens`
+calls (the first draft step, or the first block the target scores): no separate prefill forward,
+as in HF assisted generation, with the same cache afterwards. `add_rows` joins new rows to a running
+batch (continuous batching); `forward_tokens(max_staged=k)` feeds at most k staged tokens per row,
+so a long prompt goes in by chunks beside the other rows' blocks.
 
 How a batch of ragged rows lives in one cache (exact, no recompute):
 - The cache has L slots per row (a `transformers.DynamicCache`, [B, H, L, D] per layer) and
@@ -55,9 +57,8 @@ class ModelRunner:
         self.cache: DynamicCache | None = None
         # [B, L] long: 1 where slot l of row b holds a kept token.
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        # [B, P] / [B, P] long: staged prompt tokens (left-padded) that the next forward feeds first.
-        self._staged_ids: torch.Tensor | None = None
-        self._staged_mask: torch.Tensor | None = None
+        # Per row: staged prompt tokens that the next forwards feed first, ahead of their own tokens.
+        self._staged: list[list[int]] = []
 
     @property
     def batch_size(self) -> int:
@@ -74,15 +75,34 @@ class ModelRunner:
     def reset(self, batch_size: int) -> None:
         self.cache = DynamicCache()
         self.slot_mask = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
-        self._staged_ids = self._staged_mask = None
+        self._staged = [[] for _ in range(batch_size)]
 
     def start(self, prompt_ids: list[list[int]]) -> None:
         """Start a new batch without a forward: the prompts (rows may be empty) go through the model
         with the next `forward_tokens` call, ahead of its tokens."""
-        self.reset(len(prompt_ids))
-        staged_ids, staged_mask = _left_pad(prompt_ids)
-        if staged_ids.shape[1] > 0:
-            self._staged_ids, self._staged_mask = staged_ids.to(self.device), staged_mask.to(self.device)
+        self.reset(0)
+        self.add_rows(prompt_ids)
+
+    def add_rows(self, prompt_ids: list[list[int]]) -> None:
+        """Append rows to the batch (after the existing ones) without a forward; their prompts are
+        staged like `start`'s. The new rows' existing slots are padding (masked)."""
+        num_new = len(prompt_ids)
+        if num_new == 0:
+            return
+        if self.cache is None or self.batch_size == 0 or self.num_slots == 0:
+            # Nothing cached worth keeping: a fresh cache avoids carrying empty slots.
+            staged = self._staged if self.cache is not None else []
+            self.reset(self.batch_size)
+            self._staged = staged
+        else:
+            _append_empty_rows(self.cache, num_new)
+        padding = torch.zeros(num_new, self.num_slots, dtype=torch.long, device=self.device)
+        self.slot_mask = torch.cat([self.slot_mask, padding], dim=0)
+        self._staged.extend(list(map(int, ids)) for ids in prompt_ids)
+
+    def num_staged_tokens(self) -> list[int]:
+        """[B] staged prompt tokens per row not yet fed."""
+        return [len(staged) for staged in self._staged]
 
     @torch.no_grad()
     def prefill(self, prompt_ids: list[list[int]]) -> torch.Tensor | None:
@@ -101,15 +121,20 @@ class ModelRunner:
 
     @torch.no_grad()
     def forward_tokens(
-        self, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None, num_logits: int | None = None
+        self,
+        input_ids: torch.Tensor,
+        input_mask: torch.Tensor | None = None,
+        num_logits: int | None = None,
+        max_staged: int | None = None,
     ) -> torch.Tensor:
-        """Append n slots to every row and return their logits.
+        """Append n slots to every row (after its staged tokens, if any) and return their logits.
 
         Args:
             input_ids: [B, n] long.
             input_mask: [B, n] long/bool, 1 for real tokens; None means all real. Masked slots are
                 appended as padding (their logits are meaningless).
             num_logits: return only the last num_logits positions (skips LM-head work); None = all n.
+            max_staged: feed at most this many staged tokens per row first (None: all of them).
         Returns:
             logits: [B, num_logits or n, V] (the model's dtype).
         """
@@ -121,13 +146,14 @@ class ModelRunner:
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
         input_mask = input_mask.to(torch.long)
-        if self._staged_ids is not None:
+        staged_chunks = self._take_staged(max_staged)
+        if staged_chunks is not None:
             # The staged prompts go first, in the same forward; only the caller's n positions come back.
+            staged_ids, staged_mask = _left_pad(staged_chunks)
             num_logits = min(num_logits or num_new, num_new)
-            input_ids = torch.cat([self._staged_ids, input_ids], dim=1)
-            input_mask = torch.cat([self._staged_mask, input_mask], dim=1)
+            input_ids = torch.cat([staged_ids.to(self.device), input_ids], dim=1)
+            input_mask = torch.cat([staged_mask.to(self.device), input_mask], dim=1)
             num_new = input_ids.shape[1]
-            self._staged_ids = self._staged_mask = None
         # Position of each new token = kept slots before it in its row; padding slots reuse a valid id.
         position_ids = self.num_kept_tokens()[:, None] + input_mask.cumsum(dim=-1) - 1
         position_ids = position_ids.clamp(min=0)
@@ -150,6 +176,15 @@ class ModelRunner:
         logits = out.logits  # [B, n or num_logits, V]
         return logits[:, -num_logits:] if num_logits else logits
 
+    def _take_staged(self, max_staged: int | None) -> list[list[int]] | None:
+        """Remove and return each row's next staged chunk, or None when no row has staged tokens."""
+        if not any(self._staged):
+            return None
+        limit = None if max_staged is None else max(max_staged, 0)
+        chunks = [staged[:limit] for staged in self._staged]
+        self._staged = [staged[len(chunk) :] for staged, chunk in zip(self._staged, chunks)]
+        return chunks
+
     def rollback(self, num_kept: torch.Tensor, num_new_slots: int) -> None:
         """Keep the first num_kept[b] of the last `num_new_slots` slots of each row; drop the rest.
 
@@ -169,8 +204,7 @@ class ModelRunner:
     def drop_rows(self, keep_rows: torch.Tensor) -> None:
         """Keep only the rows `keep_rows` ([B'] long indices, in the new order)."""
         keep_rows = keep_rows.to(self.device)
-        if self._staged_ids is not None:
-            self._staged_ids, self._staged_mask = self._staged_ids[keep_rows], self._staged_mask[keep_rows]
+        self._staged = [self._staged[index] for index in keep_rows.tolist()]
         if self.cache is not None:
             self.cache.batch_select_indices(keep_rows)
         self.slot_mask = self.slot_mask[keep_rows]
@@ -216,6 +250,11 @@ def _left_pad(prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, input_mask
 
 
+def _append_empty_rows(cache: DynamicCache, num_new: int) -> None:
+    """Append num_new rows of zero keys and values [num_new, H, L, D] to every layer (in place)."""
+    _map_states(cache, lambda states: torch.cat([states, states.new_zeros((num_new, *states.shape[1:]))], dim=0))
+
+
 def _cache_kwarg(model: PreTrainedModel) -> str:
     """The KV cache's keyword: transformers 5.x renamed `past_key_values` to `cache`. A wrapper whose
     forward passes **kwargs on (the sub-vocabulary draft) takes its base model's name."""
@@ -232,12 +271,17 @@ def _gather_slots(cache: DynamicCache, order: torch.Tensor) -> None:
         index = order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
         return torch.gather(states, 2, index)
 
+    _map_states(cache, gathered)
+
+
+def _map_states(cache: DynamicCache, function) -> None:
+    """Replace every non-empty layer's keys and values [B, H, L, D] by function(them) (in place)."""
     if hasattr(cache, "layers"):  # recent transformers: one cache object per layer
         for layer in cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
-                layer.keys, layer.values = gathered(layer.keys), gathered(layer.values)
+                layer.keys, layer.values = function(layer.keys), function(layer.values)
     else:  # older transformers: parallel lists of tensors
         for index, keys in enumerate(cache.key_cache):
             if keys.numel() > 0:
-                cache.key_cache[index] = gathered(keys)
-                cache.value_cache[index] = gathered(cache.value_cache[index])
+                cache.key_cache[index] = function(keys)
+                cache.value_cache[index] = function(cache.value_cache[index])

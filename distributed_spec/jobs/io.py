@@ -12,6 +12,7 @@ which resume.py repairs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import Any
 from distributed_spec.config import DataConfig
 from distributed_spec.jobs.errors import (
     REASON_BAD_ID,
+    REASON_BAD_MAX_NEW_TOKENS,
     REASON_BAD_MESSAGES,
     REASON_BAD_PROMPT,
     REASON_DUPLICATE_ID,
@@ -47,6 +49,8 @@ class InputRecord:
     prompt: str | None = None
     # Chat turns: [{"role": str, "content": str}, ...]
     messages: list[dict[str, str]] | None = None
+    # The record's own token limit (its optional `max_new_tokens` field); None: sampling.max_new_tokens.
+    max_new_tokens: int | None = None
 
 
 def id_key(record_id: Any) -> str:
@@ -130,6 +134,18 @@ def check_record(line: int, row: Any, data: DataConfig) -> InputRecord | RecordE
         return record_error(line, None, REASON_BAD_ID, f"{data.id_field!r} must be a string or an integer")
     if isinstance(record_id, str) and (not record_id or _has_lone_surrogate(record_id)):
         return record_error(line, None, REASON_BAD_ID, "empty or not valid Unicode")
+    max_new_tokens = row.get("max_new_tokens")
+    if max_new_tokens is not None and (
+        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
+    ):
+        return record_error(line, record_id, REASON_BAD_MAX_NEW_TOKENS, "must be an integer >= 1")
+    checked = _check_prompt(line, record_id, row, data)
+    if isinstance(checked, InputRecord) and max_new_tokens is not None:
+        checked = dataclasses.replace(checked, max_new_tokens=max_new_tokens)
+    return checked
+
+
+def _check_prompt(line: int, record_id: Any, row: dict, data: DataConfig) -> InputRecord | RecordError:
     prompt = row.get(data.prompt_field)
     messages = row.get(data.messages_field)
     if prompt is None and messages is None:

@@ -6,15 +6,18 @@ Loads the pair with distributed_spec.models.load_pair (which checks the shared v
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
 from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSourceConfig
-from distributed_spec.engine import EngineConfig, SpeculativeEngine
-from distributed_spec.jobs.runtime import BatchOutput
-from distributed_spec.models import ModelSpec, load_pair
+from distributed_spec.engine import EngineConfig, RunStats, SpeculativeEngine
+from distributed_spec.engine.scheduler import Scheduler
+from distributed_spec.engine.speculative import make_request, to_result
+from distributed_spec.jobs.runtime import GenerationItem
+from distributed_spec.models import ModelSpec, load_model, load_pair
 from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -43,6 +46,8 @@ def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfi
         sampling=SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p),
         max_new_tokens=sampling.max_new_tokens,
         max_batch_size=job.data.batch_size,
+        continuous_batching=job.engine.continuous_batching,
+        prefill_chunk_tokens=job.engine.prefill_chunk_tokens,
         seed=sampling.seed,
         eos_token_ids=eos_token_ids,
         stop_strings=tuple(sampling.stop),
@@ -62,7 +67,34 @@ def eos_ids(tokenizer, model) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-class LocalGenerator:
+class SchedulerGenerator:
+    """The job's Generator over anything that runs the engine's scheduler (`self.backend`: the
+    SpeculativeEngine here, the RayCoordinator in ray_runtime.py) with `self._config`."""
+
+    backend: Any
+    _config: EngineConfig
+    max_context_len: int
+    _scheduler: Scheduler | None = None
+
+    @property
+    def stats(self) -> RunStats:
+        return self._scheduler.stats if self._scheduler is not None else RunStats()
+
+    def reconfigure(self, job: JobConfig) -> None:
+        """Decode later streams with job's verifier, engine and sampling settings (same loaded models;
+        sweeps and benchmarks use it). The method must need no draft that was not loaded."""
+        self._config = engine_config(job, self._config.eos_token_ids)
+        self.backend.config = self._config
+
+    def stream(self, items: Iterable[GenerationItem]) -> Iterator[tuple[Any, Any]]:
+        self._scheduler = self.backend.scheduler()
+        vocab_size = self.backend.vocab_size
+        requests = (request_for_item(item, self._config, vocab_size, self.max_context_len) for item in items)
+        for request in self._scheduler.run(requests):
+            yield request.key, to_result(request)
+
+
+class LocalGenerator(SchedulerGenerator):
     """The pair and the engine in this process."""
 
     def __init__(self, job: JobConfig) -> None:
@@ -72,7 +104,11 @@ class LocalGenerator:
         target_spec = model_spec(job.model, job.model.target, device)
         draft_spec = model_spec(job.model, job.model.draft, device)
         try:
-            target, draft = load_pair(target_spec, draft_spec)
+            if job.verifier.method == "autoregressive":
+                # The baseline: the same job with the target alone, no draft loaded.
+                target, draft = load_model(target_spec), None
+            else:
+                target, draft = load_pair(target_spec, draft_spec)
         except ValueError as err:
             # Vocabulary mismatch, missing files, bad kinds: configuration, not a crash.
             raise ConfigError(f"model: {err}") from err
@@ -87,22 +123,32 @@ class LocalGenerator:
             raise ConfigError(f"model.target {target.name!r} has no tokenizer; set model.tokenizer")
         self.tokenizer = tokenizer
         self._config = engine_config(job, eos_ids(tokenizer, target.model))
-        self.engine = SpeculativeEngine(target.model, draft.model, self._config, tokenizer)
+        self.engine = SpeculativeEngine(target.model, draft.model if draft else None, self._config, tokenizer)
+        self.backend = self.engine
         contexts = [context for context in (job.model.max_context_len, self.engine.max_context) if context]
         self.max_context_len = min(contexts) if contexts else 1 << 30
         logger.info(
             "loaded target %s and draft %s on %s (context %d, eos ids %s)",
             target.name,
-            draft.name,
+            draft.name if draft else "none",
             device,
             self.max_context_len,
             self._config.eos_token_ids,
         )
 
-    def generate(self, prompt_ids: list[list[int]], seed: int) -> BatchOutput:
-        self.engine.config = dataclasses.replace(self._config, seed=seed)
-        results, stats = self.engine.generate_with_stats(prompt_ids)
-        return BatchOutput(results=results, stats=stats)
-
     def close(self) -> None:
-        self.engine = None
+        self.engine = self.backend = None
+
+
+def request_for_item(item: GenerationItem, config: EngineConfig, vocab_size: int, max_context: int):
+    """The engine request of a job item: seeded from (sampling.seed, record id), capped by the context
+    (model.max_context_len included)."""
+    return make_request(
+        item.prompt_ids,
+        config,
+        vocab_size,
+        max_context,
+        key=item.handle,
+        seed_key=item.seed_key,
+        max_new_tokens=item.max_new_tokens,
+    )

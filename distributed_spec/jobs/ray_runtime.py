@@ -7,29 +7,37 @@ in-process when `parallel.ray_address` is null, or joins the cluster it names (`
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
 from distributed_spec.config import ConfigError, JobConfig, ModelConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
-from distributed_spec.jobs.local_runtime import engine_config, eos_ids, model_spec
-from distributed_spec.jobs.runtime import BatchOutput
+from distributed_spec.jobs.local_runtime import SchedulerGenerator, engine_config, eos_ids, model_spec
 from distributed_spec.models import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-# Counters of distributed.coordinator.RuntimeTimings that the job tracks (draft/target/verify time
-# are in RunStats already).
-RUNTIME_COUNTERS = (
-    "transfer_s",
-    "coordinator_s",
-    "draft_overlapped_s",
-    "num_wire_bytes",
-    "num_overlap_hits",
-    "num_restarts",
-)
+def load_generation_config(model: ModelConfig, target_spec: ModelSpec):
+    """The target's generation config (its EOS ids) without loading weights, or None if it has none."""
+    from transformers import GenerationConfig
+
+    if target_spec.resolved_kind not in ("hub", "dir", "auto"):
+        return None
+    extra = {"revision": target_spec.revision} if target_spec.revision is not None else {}
+    try:
+        return GenerationConfig.from_pretrained(
+            target_spec.source, trust_remote_code=model.trust_remote_code, **extra
+        )
+    except (OSError, ValueError):
+        return None
+
+
+class _GenerationConfigHolder:
+    """What eos_ids reads from a model: its generation_config."""
+
+    def __init__(self, generation_config) -> None:
+        self.generation_config = generation_config
 
 
 def load_tokenizer(model: ModelConfig, target_spec: ModelSpec):
@@ -53,22 +61,26 @@ def load_tokenizer(model: ModelConfig, target_spec: ModelSpec):
     return AutoTokenizer.from_pretrained(location, trust_remote_code=model.trust_remote_code, **extra)
 
 
-class RayGenerator:
-    """A RayCoordinator started once for the whole job (each batch reuses its actors)."""
+class RayGenerator(SchedulerGenerator):
+    """A RayCoordinator started once for the whole job (each stream reuses its actors)."""
 
     def __init__(self, job: JobConfig) -> None:
         runtime = job.parallel.ray_runtime_config()
         target_spec = model_spec(job.model, job.model.target, runtime.device)
         draft_spec = model_spec(job.model, job.model.draft, runtime.device)
         self.tokenizer = load_tokenizer(job.model, target_spec)
-        self._config = engine_config(job, eos_ids(self.tokenizer, None))
+        # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
+        generation_config = _GenerationConfigHolder(load_generation_config(job.model, target_spec))
+        self._config = engine_config(job, eos_ids(self.tokenizer, generation_config))
+        uses_draft = job.verifier.method != "autoregressive"
         self.coordinator = RayCoordinator(
             SpecFactory(target_spec),
-            SpecFactory(draft_spec, target_spec=target_spec),
+            SpecFactory(draft_spec, target_spec=target_spec) if uses_draft else None,
             self._config,
             runtime,
             tokenizer=self.tokenizer,
         )
+        self.backend = self.coordinator
         try:
             self.coordinator.start()
         except ValueError as err:
@@ -83,16 +95,8 @@ class RayGenerator:
             target_spec.source,
             runtime.tp_size,
             runtime.device,
-            draft_spec.source,
+            draft_spec.source if uses_draft else "none",
         )
-
-    def generate(self, prompt_ids: list[list[int]], seed: int) -> BatchOutput:
-        self.coordinator.config = dataclasses.replace(self._config, seed=seed)
-        results, stats = self.coordinator.generate_with_stats(prompt_ids)
-        # The coordinator resets its timings per call: these are this batch's.
-        timings = self.coordinator.timings
-        extra = {name: float(getattr(timings, name)) for name in RUNTIME_COUNTERS}
-        return BatchOutput(results=results, stats=stats, extra=extra)
 
     def close(self) -> None:
         self.coordinator.close()

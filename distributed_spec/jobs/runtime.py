@@ -1,7 +1,7 @@
 """What the job needs from a runtime, and how `parallel.runtime` picks one.
 
-The job talks to a `Generator`: a tokenizer, a context length, and `generate(prompt ids) ->
-results`. `parallel.runtime=local` wraps the single-process engine (distributed_spec/engine/),
+The job talks to a `Generator`: a tokenizer, a context length, and `stream(items)`, which decodes a
+stream of prompts with continuous batching and yields each as it finishes. `parallel.runtime=local` wraps the single-process engine (distributed_spec/engine/),
 `parallel.runtime=ray` the Ray coordinator (distributed_spec/distributed/); both are imported
 lazily, so a missing runtime fails with a clear message only when it is asked for.
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,28 +27,33 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class BatchOutput:
-    """What one `Generator.generate` call returns."""
+class GenerationItem:
+    """One prompt for `Generator.stream`."""
 
-    # One result per prompt, in prompt order (token ids, finish reason, per-row stats).
-    results: list[GenerationResult]
-    # Counters of the whole call: target calls, acceptance per position, draft/target/verify time.
-    stats: RunStats
-    # Runtime-specific additive counters (e.g. the Ray runtime's transfer time and wire bytes),
-    # summed over the run and tracked as `runtime/<name>`.
-    extra: dict[str, float] = field(default_factory=dict)
+    # The caller's object (e.g. the pending record), handed back with its result.
+    handle: Any
+    # [num_prompt_tokens]
+    prompt_ids: list[int]
+    # Seeds the item's own random stream together with sampling.seed (the record id): a record's
+    # completion does not depend on its batch, its runtime or a resume.
+    seed_key: str
+    # Tokens to generate at most; None: sampling.max_new_tokens.
+    max_new_tokens: int | None = None
 
 
 class Generator(Protocol):
-    """A loaded target/draft pair that completes batches of tokenised prompts."""
+    """A loaded target/draft pair that completes a stream of tokenised prompts."""
 
     # Hugging Face tokenizer of the pair (encode, decode, apply_chat_template, eos_token_id).
     tokenizer: Any
     # Longest sequence (prompt + completion) the pair can hold; longer prompts are per-record errors.
     max_context_len: int
+    # Counters of the current (or last) stream: target calls, acceptance per position, g per step,
+    # draft/target/verify time, runtime counters in `extra`.
+    stats: RunStats
 
-    def generate(self, prompt_ids: list[list[int]], seed: int) -> BatchOutput:
-        """Complete every prompt (results in the same order), drawing random numbers from `seed`."""
+    def stream(self, items: Iterable[GenerationItem]) -> Iterator[tuple[Any, GenerationResult]]:
+        """Decode every item (up to data.batch_size at once); yield (handle, result) as each finishes."""
         ...
 
     def close(self) -> None: ...

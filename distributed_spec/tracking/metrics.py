@@ -43,20 +43,33 @@ class RunMetrics:
     num_records: int = 0
     num_errors: int = 0
     num_prompt_tokens: int = 0
-    # Engine counters summed over this run's batches.
-    engine: RunStats = field(default_factory=_empty_run_stats)
-    # Runtime-specific counters (jobs.runtime.BatchOutput.extra), summed.
-    runtime: dict[str, float] = field(default_factory=dict)
+    # Engine counters of this run's finished streams (a stream: one continuous-batching run of the
+    # generator; the job starts another after a failure).
+    closed: RunStats = field(default_factory=_empty_run_stats)
+    # The counters of the stream going on (the generator's live object), or None.
+    live: RunStats | None = None
     start_time: float = field(default_factory=time.perf_counter)
 
-    def add_batch(
-        self, stats: RunStats, num_records: int, num_prompt_tokens: int, extra: dict[str, float] | None = None
-    ) -> None:
-        self.engine = self.engine.merge(stats)
-        self.num_records += num_records
+    def add_record(self, num_prompt_tokens: int) -> None:
+        self.num_records += 1
         self.num_prompt_tokens += num_prompt_tokens
-        for name, value in (extra or {}).items():
-            self.runtime[name] = self.runtime.get(name, 0.0) + value
+
+    def close_stream(self, stats: RunStats) -> None:
+        """Fold a finished stream's counters in (each stream's once)."""
+        if stats is not None and stats is not getattr(self, "_last_closed", None):
+            self.closed = self.closed.merge(stats)
+            self._last_closed = stats
+        self.live = None
+
+    @property
+    def engine(self) -> RunStats:
+        """Engine counters of the whole run so far."""
+        return self.closed if self.live is None else self.closed.merge(self.live)
+
+    @property
+    def runtime(self) -> dict[str, float]:
+        """Runtime-specific counters (the Ray runtime's transfer time, wire bytes, restarts), summed."""
+        return self.engine.extra
 
     @property
     def wall_time_s(self) -> float:
@@ -88,8 +101,12 @@ class RunMetrics:
             "time/verify_s": self.engine.verify_s,
             "time/other_s": self.engine.other_s,
         }
-        for position, acceptance in enumerate(self.engine.acceptance_per_position, start=1):
+        engine = self.engine
+        for position, acceptance in enumerate(engine.acceptance_per_position, start=1):
             metrics[f"acceptance/pos_{position}"] = acceptance
+        # The draft-length schedule's choices: steps per g (g = 0: no draft in that step).
+        for gamma, count in enumerate(engine.num_steps_per_draft_len):
+            metrics[f"draft_len/steps_g{gamma}"] = count
         for name, value in self.runtime.items():
             metrics[f"runtime/{name}"] = value
         return metrics

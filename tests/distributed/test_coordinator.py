@@ -9,7 +9,7 @@ from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.coordinator import decode_settings
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig
-from distributed_spec.engine.speculative import append_tokens
+from distributed_spec.engine.stopping import StopChecker
 
 CONFIG = EngineConfig(method="block", gamma=4, max_new_tokens=6, eos_token_ids=(1,))
 
@@ -24,9 +24,9 @@ CONFIG = EngineConfig(method="block", gamma=4, max_new_tokens=6, eos_token_ids=(
     ],
 )
 def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_output, expected_reason):
-    """The coordinator finishes rows with the engine's append_tokens: EOS kept, nothing past it."""
+    """Both runtimes finish rows with the scheduler's StopChecker: EOS kept, nothing past it."""
     output = list(output)
-    assert append_tokens(output, new_tokens, budget, CONFIG, None) == expected_reason
+    assert StopChecker(CONFIG.eos_token_ids, ()).append(output, new_tokens, budget) == expected_reason
     assert output == expected_output
 
 

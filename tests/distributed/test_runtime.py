@@ -122,6 +122,37 @@ def test_sampling_replays_the_engine_exactly_without_overlap(tp2, draft_length):
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
 
 
+@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
+def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, gamma_schedule):
+    """Per-row random streams: Ray with 3 rows at a time, long prompts chunked, gives each prompt the
+    tokens the single-process engine gives it alone (sampled)."""
+    prompts = [[(3 * i + j) % VOCAB_SIZE for j in range(1 + (5 * i) % 11)] for i in range(10)]
+    config = replace(
+        GREEDY,
+        sampling=SamplingParams(temperature=1.0),
+        max_new_tokens=12,
+        max_batch_size=3,
+        prefill_chunk_tokens=4,
+        gamma_schedule=gamma_schedule,
+        max_gamma=6,
+        seed=7,
+    )
+    tp2.config = config
+    tp2.runtime = RUNTIME
+    results = tp2.generate(prompts)
+    alone, _ = engine_results(replace(config, max_batch_size=1, prefill_chunk_tokens=None), prompts)
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone]
+
+
+def test_goodput_greedy_output_identical_to_engine(tp2):
+    tp2.config = replace(GREEDY, gamma_schedule="goodput", max_gamma=4)
+    tp2.runtime = RUNTIME
+    results, stats = tp2.generate_with_stats(PROMPTS)
+    reference, _ = engine_results(replace(GREEDY, method="autoregressive"))
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert sum(stats.num_steps_per_draft_len) == stats.num_target_calls
+
+
 def test_sampling_block_efficiency_matches_engine(tp2):
     """Overlap and bf16 q change the random streams, not the distribution of accepted lengths."""
     prompts = [[(7 * i + j) % VOCAB_SIZE for j in range(1 + i % 3)] for i in range(24)]

@@ -137,3 +137,14 @@ def test_block_efficiency_of_block_at_least_token(small_vocab_pair):
     standard_error = math.sqrt(variances["block"] + variances["token"])
     assert means["block"] >= means["token"] - 3 * standard_error, (means, standard_error)
     assert 1.0 < means["token"] < 5.0
+
+
+@pytest.mark.parametrize("method", ["block", "token"])
+def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method):
+    """g in {0, ..., 3} chosen each step from measured timings and acceptance so far (0: no draft)."""
+    target, draft = small_vocab_pair
+    samples = sample_first_tokens(
+        target, draft, method, 1, seed=3000, batch_size=32, gamma_schedule="goodput", max_gamma=3
+    )
+    assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6

@@ -1,4 +1,4 @@
-"""The draft-length schedules: the adaptive rule, the step plan, and exactness under adaptation.
+"""The draft-length schedules: the adaptive rule and its settings (the step plan: test_scheduler.py).
 
     .venv/bin/python -m pytest tests/engine/test_draft_length.py -q
 """
@@ -9,12 +9,7 @@ import pytest
 
 from distributed_spec import config as job_config
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
-from distributed_spec.engine.draft_length import (
-    GAMMA_SCHEDULES,
-    adapt_draft_lengths,
-    next_draft_length,
-    plan_step,
-)
+from distributed_spec.engine.draft_length import GAMMA_SCHEDULES, next_draft_length
 from distributed_spec.verify import SamplingParams
 
 
@@ -33,26 +28,6 @@ from distributed_spec.verify import SamplingParams
 )
 def test_adaptive_rule(gamma, num_accepted, num_drafted, expected):
     assert next_draft_length(gamma, num_accepted, num_drafted, max_gamma=8) == expected
-
-
-def test_adapt_updates_active_rows_by_prompt_index():
-    gammas = [4, 4, 4, 4]
-    adapt_draft_lengths(gammas, rows=[3, 1], accepted_counts=[4, 0], num_draft_tokens=[4, 4], max_gamma=8)
-    assert gammas == [4, 3, 4, 6]
-
-
-@pytest.mark.parametrize(
-    ("row_gammas", "remaining", "expected"),
-    [
-        ([4], [100], (4, [4])),
-        ([2, 6, 3], [100, 100, 100], (6, [6, 6, 6])),  # the longest row's g for every row
-        ([6, 6], [100, 3], (6, [6, 2])),  # a row never verifies drafts past its budget
-        ([6, 6], [4, 2], (3, [3, 1])),  # nor does the step draft past every row's budget
-        ([6], [1], (1, [0])),  # the last token of a row: no drafts to verify
-    ],
-)
-def test_plan_step(row_gammas, remaining, expected):
-    assert plan_step(row_gammas, remaining) == expected
 
 
 def test_job_config_knows_the_same_schedules():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from distributed_spec.engine.config import GenerationResult, RowStats, RunStats
-from distributed_spec.jobs.runtime import BatchOutput
 from distributed_spec.models.tiny import TINY_EOS_ID, tiny_tokenizer
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: "
@@ -20,50 +19,65 @@ class FakeGenerator:
     """Echoes the first `max_new_tokens` prompt tokens back; `fail_on` token ids raise."""
 
     def __init__(
-        self, gamma: int = 2, max_new_tokens: int = 4, max_context_len: int = 64, fail_on: int | None = None
+        self,
+        gamma: int = 2,
+        max_new_tokens: int = 4,
+        max_context_len: int = 64,
+        fail_on: int | None = None,
+        batch_size: int = 4,
     ):
         self.tokenizer = tiny_chat_tokenizer()
         self.max_context_len = max_context_len
         self.gamma = gamma
         self.max_new_tokens = max_new_tokens
         self.fail_on = fail_on
-        self.calls: list[tuple[list[list[int]], int]] = []
+        self.batch_size = batch_size
+        # (prompt ids, seed keys) of each batch taken.
+        self.calls: list[tuple[list[list[int]], list[str]]] = []
+        self.stats = RunStats()
         self.closed = False
 
-    def generate(self, prompt_ids: list[list[int]], seed: int) -> BatchOutput:
-        self.calls.append((prompt_ids, seed))
-        if self.fail_on is not None and any(self.fail_on in ids for ids in prompt_ids):
-            raise RuntimeError("fake engine failure")
-        results = []
-        stats = RunStats(
+    def stream(self, items):
+        """Up to `batch_size` items are taken before any result is yielded (like a real batch)."""
+        self.stats = RunStats(
             gamma=self.gamma,
             num_proposed_per_position=[0] * self.gamma,
             num_accepted_per_position=[0] * self.gamma,
+            extra={"transfer_s": 0.0},
         )
-        for ids in prompt_ids:
-            token_ids = list(ids[: self.max_new_tokens])
-            finish_reason = "length" if len(token_ids) == self.max_new_tokens else "eos"
-            if finish_reason == "eos":
-                token_ids.append(TINY_EOS_ID)
-            # Two tokens per target call: one accepted draft token plus the correction/bonus.
-            num_iterations = (len(token_ids) + 1) // 2
-            results.append(
-                GenerationResult(
-                    token_ids,
-                    finish_reason,
-                    RowStats(len(token_ids), num_iterations, len(token_ids) - num_iterations),
-                )
-            )
-            stats.num_tokens += len(token_ids)
-            stats.num_target_calls += num_iterations
-            stats.num_row_iterations += num_iterations
-            stats.num_proposed_per_position[0] += num_iterations
-            stats.num_proposed_per_position[1] += num_iterations
-            stats.num_accepted_per_position[0] += len(token_ids) - num_iterations
-            stats.draft_s += 0.001
-            stats.target_s += 0.002
-            stats.verify_s += 0.0005
-        return BatchOutput(results, stats, extra={"transfer_s": 0.25})
+        items = iter(items)
+        while True:
+            batch = [item for _, item in zip(range(self.batch_size), items)]
+            if not batch:
+                return
+            prompt_ids = [item.prompt_ids for item in batch]
+            self.calls.append((prompt_ids, [item.seed_key for item in batch]))
+            if self.fail_on is not None and any(self.fail_on in ids for ids in prompt_ids):
+                raise RuntimeError("fake engine failure")
+            for item in batch:
+                yield item.handle, self._result(item.prompt_ids)
+
+    def _result(self, ids):
+        stats = self.stats
+        token_ids = list(ids[: self.max_new_tokens])
+        finish_reason = "length" if len(token_ids) == self.max_new_tokens else "eos"
+        if finish_reason == "eos":
+            token_ids.append(TINY_EOS_ID)
+        # Two tokens per target call: one accepted draft token plus the correction/bonus.
+        num_iterations = (len(token_ids) + 1) // 2
+        stats.num_tokens += len(token_ids)
+        stats.num_target_calls += num_iterations
+        stats.num_row_iterations += num_iterations
+        stats.num_proposed_per_position[0] += num_iterations
+        stats.num_proposed_per_position[1] += num_iterations
+        stats.num_accepted_per_position[0] += len(token_ids) - num_iterations
+        stats.draft_s += 0.001
+        stats.target_s += 0.002
+        stats.verify_s += 0.0005
+        stats.extra["transfer_s"] += 0.25
+        return GenerationResult(
+            token_ids, finish_reason, RowStats(len(token_ids), num_iterations, len(token_ids) - num_iterations)
+        )
 
     def close(self) -> None:
         self.closed = True

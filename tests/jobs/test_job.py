@@ -7,7 +7,7 @@ import json
 import pytest
 
 from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, TrackingConfig, VerifierConfig
-from distributed_spec.generate import batch_seed, cut_at_stop, run
+from distributed_spec.generate import cut_at_stop, run
 from tests.jobs.fakes import FakeGenerator
 
 RECORDS = [
@@ -67,13 +67,10 @@ def test_outputs_errors_and_summary(tmp_path):
     assert summary["new_tokens"] == 4 + 4 + 4 + 4
     assert summary["block_efficiency"] == 2.0
     assert summary["acceptance_per_position"] == [1.0, 0.0]
-    # Runtime-specific counters are summed over batches (two batches here).
-    assert summary["runtime/transfer_s"] == 0.5
+    # Runtime-specific counters are summed over the run (0.25 per record here).
+    assert summary["runtime/transfer_s"] == 1.0
     assert json.loads((out / "summary.json").read_text())["records_total"] == 4
     assert generator.closed
-    # Batches of two prompts, each with its own seed.
-    assert [len(ids) for ids, _ in generator.calls] == [2, 2]
-    assert len({seed for _, seed in generator.calls}) == 2
 
 
 def test_rerun_skips_finished_ids_and_repairs_a_torn_line(tmp_path):
@@ -121,16 +118,12 @@ def test_stop_strings_cut_the_completion_text():
     assert cut_at_stop("abc", []) == "abc"
 
 
-def test_batch_seed_depends_on_seed_and_ids(tmp_path):
-    from distributed_spec.generate import PendingRecord
-    from distributed_spec.jobs.io import InputRecord
-
-    job = _job(tmp_path)
-    batch = [PendingRecord(InputRecord(1, "a", "p"), "p", [3])]
-    other = [PendingRecord(InputRecord(1, "b", "p"), "p", [3])]
-    assert batch_seed(job, batch) == batch_seed(job, batch) != batch_seed(job, other)
-    job.sampling.seed = 1
-    assert batch_seed(job, batch) != batch_seed(_job(tmp_path), batch)
+def test_each_record_is_seeded_by_its_id(tmp_path):
+    """The generator gets each record's id as its seed key (with sampling.seed it seeds the record's
+    own random stream), whatever batch the record lands in."""
+    generator = FakeGenerator()
+    run(_job(tmp_path), generator=generator)
+    assert [key for _, keys in generator.calls for key in keys] == ['"a"', '"b"', '"d"', "5"]  # id_key: ids as JSON
 
 
 def test_generation_failures_are_retried_on_rerun(tmp_path):
@@ -150,7 +143,7 @@ def test_a_broken_runtime_stops_the_job(tmp_path):
     _write_input(input_path, [{"id": index, "prompt": "y"} for index in range(20)])
     generator = FakeGenerator()
     generator.fail_on = generator.tokenizer.encode("y")[0]
-    with pytest.raises(RuntimeError, match="8 records in a row"):
+    with pytest.raises(RuntimeError, match="8 times in a row"):
         run(_job(tmp_path), generator=generator)
     assert len(_lines(tmp_path / "out" / "errors.jsonl")) == 8
     assert generator.closed

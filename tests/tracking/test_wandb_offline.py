@@ -22,7 +22,7 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
         "".join(json.dumps({"id": f"r{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(5))
     )
     job = JobConfig(
-        verifier=VerifierConfig(method="token", gamma=2),
+        verifier=VerifierConfig(method="token", gamma=2, gamma_schedule="constant", max_gamma=8),
         sampling=SamplingConfig(max_new_tokens=4),
         data=DataConfig(input_path=str(input_path), output_dir=str(tmp_path / "out"), batch_size=2),
         tracking=TrackingConfig(mode="offline", project="test", tags=["unit"], progress=False),
@@ -38,8 +38,8 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
     assert offline.config["sampling"]["max_new_tokens"] == 4
     assert {"unit", "token", "gamma=2", "local"} <= set(offline.tags)
     metric_rows = [row for row in offline.history if "tokens_per_s" in row]
-    # Five records in batches of two: three batches, logged at steps 1, 2, 3.
-    assert [row["_step"] for row in metric_rows] == [1, 2, 3]
+    # Five records, batch_size 2: logged every two finished records and at the end (step = records).
+    assert [row["_step"] for row in metric_rows] == [2, 4, 5]
     assert [row["records"] for row in metric_rows] == [2, 4, 5]
     last = metric_rows[-1]
     assert (

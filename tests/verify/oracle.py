@@ -47,6 +47,9 @@ def _normalise(weights: Dist) -> Dist:
 def block_h(p_on: list[float], q_on: list[float], p_next: list[Dist], q_next: list[Dist]) -> list[float]:
     """h_1..h_g of block verification; p_next[i], q_next[i] are p_{i+2}, q_{i+2} (0-based i < g-1)."""
     gamma = len(p_on)
+    if gamma == 0:
+        # No draft: tau = 0 surely and Y ~ p_1.
+        return [], []
     r, rs = 1.0, []
     for i in range(gamma):
         r = min(1.0, r * p_on[i] / q_on[i]) if q_on[i] > 0 else (1.0 if p_on[i] > 0 and r > 0 else 0.0)
@@ -174,6 +177,33 @@ def speculative_sequence_distribution(
             expand(generated + tokens, prob * tokens_prob)
 
     expand((), 1.0)
+    return dict(result)
+
+
+# A draft-length policy with memory: (context so far, ((g, tau) of every past iteration)) -> g.
+HistoryPolicy = Callable[[tuple[int, ...], tuple[tuple[int, int], ...]], int]
+
+
+def policy_sequence_distribution(
+    method: str, p: Table, q: Table, context: tuple[int, ...], policy: HistoryPolicy, length: int
+) -> dict[tuple[int, ...], float]:
+    """Like speculative_sequence_distribution, with g chosen from the whole history of iterations
+    (their block lengths and verdicts), as a scheduler that learns acceptance rates does; g may be 0."""
+    memo: dict[tuple[tuple[int, ...], int], dict] = {}
+    result: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def expand(generated: tuple[int, ...], history: tuple[tuple[int, int], ...], prob: float) -> None:
+        if len(generated) >= length:
+            result[generated[:length]] += prob
+            return
+        ctx = context + generated
+        gamma = policy(ctx, history)
+        if (ctx, gamma) not in memo:
+            memo[(ctx, gamma)] = iteration_outcomes(method, p, q, ctx, gamma)
+        for (tau, tokens), tokens_prob in memo[(ctx, gamma)].items():
+            expand(generated + tokens, history + ((gamma, tau),), prob * tokens_prob)
+
+    expand((), (), 1.0)
     return dict(result)
 
 

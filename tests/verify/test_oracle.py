@@ -59,6 +59,34 @@ def test_lossless_with_a_history_dependent_block_length(method):
     assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_lossless_with_the_goodput_schedule(method):
+    """The goodput schedule's g (0 included) from its learned acceptance rates and a measured cost
+    model, replayed from each path's history: still exactly the target's sequence distribution."""
+    from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
+
+    # A cost model where a longer block costs more, so the choice really depends on the verdicts.
+    seconds = {0: 1.0, 1: 1.25, 2: 1.45, 3: 1.6}
+
+    def policy(ctx, history):
+        goodput = GoodputPolicy(max_draft_len=3, explore_every=0, min_samples=1)
+        for gamma in seconds:
+            goodput.observe_step(1, gamma, seconds[gamma])
+        record = RowAcceptance()
+        for gamma, tau in history:
+            goodput.observe_acceptance([gamma], [tau])
+            record.num_accepted += tau
+            record.num_predicted += goodput.predicted_accepted(gamma)
+        return goodput.choose_step([(3, record)], 1)
+
+    p = oracle.RandomTable(3, seed=700, concentration=0.7)
+    q = oracle.RandomTable(3, seed=800, concentration=0.7)
+    choices = {policy((0,), history) for history in [(), ((3, 0),), ((3, 3), (3, 3)), ((1, 0), (2, 0), (3, 0))]}
+    assert len(choices) > 1, "the policy must react to the history for this test to mean anything"
+    speculative = oracle.policy_sequence_distribution(method, p, q, (0,), policy, 4)
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
+
+
 def test_oracle_detects_a_lossy_verifier():
     """Control: the same check flags a verifier that draws the correction from p, so it can fail."""
     p = oracle.RandomTable(3, seed=1)

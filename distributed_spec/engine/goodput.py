@@ -1,0 +1,199 @@
+"""The "goodput" draft-length schedule: each step, the g that maximises expected tokens per second.
+
+    from distributed_spec.engine.goodput import GoodputPolicy
+    policy = GoodputPolicy(max_draft_len=4)
+    g = policy.choose_step(expected_rows, num_rows)        # before the step
+    policy.observe_step(num_rows, g, seconds)              # after it (wall clock of the whole step)
+    policy.observe_acceptance(num_draft_tokens, accepted_counts)
+
+goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g in {0, ..., max}:
+- T(B, g) is the wall-clock time of a whole step with B rows in the batch and g draft tokens per
+  row (draft forwards, the target's forward over g + 1 positions, verification, bookkeeping), measured
+  online on this device: an exponential moving average per (B, g) cell (`StepCostModel`). A cell not
+  measured yet is predicted from the nearest batch size that has it, scaled by the ratio of a cell
+  both batch sizes share. Steps that also fed prompt tokens are not measured (they cost more).
+- E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
+  position i among those that verified it (`AcceptanceEstimate`, decayed so it follows the text),
+  and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1).
+  Block verification keeps a prefix, so the expected kept length is the sum of these marginals.
+- g = 0 is a plain decoding step (no draft forward at all); it wins where verification is dear
+  (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
+  so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
+  row's expected tokens, and one g per step is the whole decision.
+- Exploration: a g never measured is tried first (a few steps at start-up: the probe), and every
+  `explore_every` steps the neighbour of the best g with the oldest measurement is re-measured.
+
+Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
+on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Cell:
+    seconds: float
+    count: int
+    last_step: int
+
+
+class StepCostModel:
+    """Seconds per step as a function of (rows in the batch B, draft tokens per row g), measured."""
+
+    def __init__(self, smoothing: float = 0.2) -> None:
+        self.smoothing = smoothing
+        self.cells: dict[tuple[int, int], _Cell] = {}
+
+    def observe(self, num_rows: int, gamma: int, seconds: float, step: int) -> None:
+        cell = self.cells.get((num_rows, gamma))
+        if cell is None:
+            self.cells[(num_rows, gamma)] = _Cell(seconds, 1, step)
+            return
+        cell.seconds += self.smoothing * (seconds - cell.seconds)
+        cell.count += 1
+        cell.last_step = step
+
+    def measured(self, num_rows: int, gamma: int) -> _Cell | None:
+        return self.cells.get((num_rows, gamma))
+
+    def predict(self, num_rows: int, gamma: int) -> float | None:
+        """Predicted seconds of a (B, g) step; None when g was never measured at any B."""
+        cell = self.cells.get((num_rows, gamma))
+        if cell is not None:
+            return cell.seconds
+        others = [rows for (rows, g) in self.cells if g == gamma]
+        if not others:
+            return None
+        nearest = min(others, key=lambda rows: (abs(math.log(rows / num_rows)), rows))
+        base = self.cells[(nearest, gamma)].seconds
+        shared = [g for (rows, g) in self.cells if rows == num_rows and (nearest, g) in self.cells]
+        if not shared:
+            # No cell at this B: every g scales alike, so the choice is the nearest B's.
+            return base
+        anchor = min(shared, key=lambda g: abs(g - gamma))
+        return base * self.cells[(num_rows, anchor)].seconds / self.cells[(nearest, anchor)].seconds
+
+
+class AcceptanceEstimate:
+    """Decayed counts per draft position i: rows that verified position i, rows that kept it."""
+
+    def __init__(self, max_draft_len: int, decay: float = 0.995, prior_weight: float = 1.0) -> None:
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.num_verified = [0.0] * max_draft_len
+        self.num_kept = [0.0] * max_draft_len
+
+    def observe(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
+        self.num_verified = [count * self.decay for count in self.num_verified]
+        self.num_kept = [count * self.decay for count in self.num_kept]
+        for num_drafted, num_accepted in zip(num_draft_tokens, accepted_counts):
+            for position in range(min(num_drafted, len(self.num_verified))):
+                self.num_verified[position] += 1.0
+                self.num_kept[position] += float(position < num_accepted)
+
+    def rates(self) -> list[float]:
+        """[max_draft_len] a_i: P(position i kept | verified). Unseen positions lean on the last
+        seen rate (a weak prior: half of the previous position's)."""
+        rates, previous = [], 0.5
+        for verified, kept in zip(self.num_verified, self.num_kept):
+            prior = 0.5 * previous if rates else previous
+            rate = (kept + self.prior_weight * prior) / (verified + self.prior_weight)
+            rates.append(min(rate, previous if rates else 1.0))
+            previous = rates[-1]
+        return rates
+
+
+@dataclass
+class RowAcceptance:
+    """A row's own record: accepted draft tokens against what the global rates predicted for it."""
+
+    num_accepted: float = 0.0
+    num_predicted: float = 0.0
+    # Pseudo-tokens pulling the row's factor towards 1 while it has little history.
+    shrinkage: float = 4.0
+
+    def factor(self) -> float:
+        return (self.num_accepted + self.shrinkage) / (self.num_predicted + self.shrinkage)
+
+
+@dataclass
+class GoodputPolicy:
+    """Picks each step's draft length g in {0, ..., max_draft_len} to maximise tokens per second."""
+
+    max_draft_len: int
+    # Re-measure a neighbour of the best g every this many steps (0: never after start-up).
+    explore_every: int = 24
+    # Measurements of a cell before it counts as known at start-up.
+    min_samples: int = 2
+    cost: StepCostModel = field(default_factory=StepCostModel)
+    acceptance: AcceptanceEstimate | None = None
+    num_steps: int = 0
+    # The g of the last exploitation step (the neighbour exploration moves around it).
+    best: int = 0
+
+    def __post_init__(self) -> None:
+        if self.acceptance is None:
+            self.acceptance = AcceptanceEstimate(self.max_draft_len)
+
+    def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], gamma: int) -> float:
+        """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs."""
+        rates = self.acceptance.rates()
+        cumulative = [0.0]
+        for rate in rates:
+            cumulative.append(cumulative[-1] + rate)
+        total = 0.0
+        for max_drafts, record in rows:
+            num_drafts = min(gamma, max_drafts)
+            total += 1.0 + min(float(num_drafts), record.factor() * cumulative[num_drafts])
+        return total
+
+    def goodput(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, gamma: int) -> float | None:
+        seconds = self.cost.predict(num_rows, gamma)
+        if seconds is None:
+            return None
+        return self.expected_tokens(rows, gamma) / max(seconds, 1e-9)
+
+    def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int) -> int:
+        """The step's g. rows: (draft tokens the row may verify, its record) per decoding row;
+        num_rows: rows in the forward (decoding or not)."""
+        self.num_steps += 1
+        if not rows:
+            return 0
+        longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
+        candidates = list(range(longest + 1))
+        # The probe: every g measured a few times at this batch size before choosing.
+        for gamma in candidates:
+            cell = self.cost.measured(num_rows, gamma)
+            if self.cost.predict(num_rows, gamma) is None or (
+                cell is not None and cell.count < self.min_samples
+            ):
+                return gamma
+        scores = {gamma: self.goodput(rows, num_rows, gamma) for gamma in candidates}
+        best = max(candidates, key=lambda gamma: (scores[gamma], -gamma))
+        self.best = best
+        if self.explore_every and self.num_steps % self.explore_every == 0:
+            neighbours = [gamma for gamma in (best - 1, best + 1) if gamma in candidates]
+            if neighbours:
+                return min(neighbours, key=self._last_measured(num_rows))
+        return best
+
+    def _last_measured(self, num_rows: int):
+        def key(gamma: int) -> int:
+            cell = self.cost.measured(num_rows, gamma)
+            return -1 if cell is None else cell.last_step
+
+        return key
+
+    def observe_step(self, num_rows: int, gamma: int, seconds: float) -> None:
+        """Wall-clock seconds of a step that fed no prompt tokens."""
+        self.cost.observe(num_rows, gamma, seconds, self.num_steps)
+
+    def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
+        self.acceptance.observe(num_draft_tokens, accepted_counts)
+
+    def predicted_accepted(self, num_drafts: int) -> float:
+        """What the global rates predict a row keeps of num_drafts (for its record)."""
+        return sum(self.acceptance.rates()[:num_drafts])

@@ -1,0 +1,288 @@
+"""The one scheduling loop: admission, draft lengths, finishing and statistics, for either executor.
+
+    from distributed_spec.engine.scheduler import Request, Scheduler
+    scheduler = Scheduler(config, executor, tokenizer)
+    for request in scheduler.run(requests):     # yields each request as it finishes
+        print(request.key, request.output, request.finish_reason)
+    scheduler.stats                              # RunStats of the run
+
+Every step (vLLM v1's shape: the scheduler decides, the executor only runs the models):
+1. admit: while fewer than `max_batch_size` rows run, the next request joins (continuous batching;
+   `continuous_batching=False` admits only into an empty batch: static batches, for comparison).
+   Its prompt goes through the target by chunks of `prefill_chunk_tokens`, in the same forwards as
+   the other rows' blocks; a row decodes once its whole prompt is in.
+2. draft lengths: the schedule (`EngineConfig.gamma_schedule`) gives each decoding row its g, clipped
+   so a row never verifies past its token budget; the step drafts the longest (0: no draft at all).
+3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
+   [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
+   its batch (up to floating-point ties) under any schedule that depends on the row's own history
+   ("constant", "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
+4. the executor runs the step (executor.py); the scheduler appends tau accepted drafts + Y per row,
+   finishes rows (EOS, stop string, budget) and yields them, updates statistics and the schedule.
+If the executor lost its batch (the Ray runtime restarted after a fault: `BatchLost`), every running
+row joins again as a new row with prompt + the tokens it already has, its generator rewound to before
+the failed step: the output is the one an uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from distributed_spec.engine.config import EngineConfig, RowStats, RunStats
+from distributed_spec.engine.draft_length import next_draft_length
+from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan
+from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
+from distributed_spec.engine.stopping import StopChecker
+
+logger = logging.getLogger(__name__)
+
+# Value of a draft uniform in a column a row does not verify (any value in [0, 1) would do).
+UNUSED_UNIFORM = 0.5
+
+
+def request_seed(seed: int, key: Any) -> int:
+    """The seed of a request's generator: a function of (the run's seed, the request's key) only, so a
+    request draws the same uniforms in any batch, runtime or resumed run."""
+    return zlib.crc32(f"{seed}\n{key}".encode()) & 0x7FFFFFFF
+
+
+class BatchLost(RuntimeError):
+    """The executor was rebuilt after a fault and holds no rows: the scheduler re-admits them."""
+
+
+@dataclass
+class Request:
+    """One prompt being decoded, and everything the scheduler keeps about it."""
+
+    # The caller's handle (an index, a record): returned untouched.
+    key: Any
+    prompt_ids: list[int]
+    # Tokens it may generate (max_new_tokens clipped to the context).
+    budget: int
+    # Seeds this request's own torch.Generator (all its uniforms).
+    seed: int
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: RowStats = field(default_factory=RowStats)
+    # Prompt tokens (of the sequence the executor was given, but its last) not yet fed to the target.
+    num_prompt_left: int = 0
+    # Its g under the "adaptive" schedule.
+    draft_len: int = 0
+    acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.seed)
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.output)
+
+
+class Scheduler:
+    """Drives an executor over a stream of requests; see the module docstring."""
+
+    def __init__(self, config: EngineConfig, executor: Executor, tokenizer=None) -> None:
+        if config.stop_strings and tokenizer is None:
+            raise ValueError("sampling.stop needs a tokenizer: pass tokenizer= or clear the stop strings")
+        self.config = config
+        self.executor = executor
+        self.stop_checker = StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)
+        self.goodput = (
+            GoodputPolicy(config.max_gamma) if config.uses_draft and config.gamma_schedule == "goodput" else None
+        )
+        self.stats = self._new_stats()
+        # Tests: called with the step index after each step (e.g. to kill a shard).
+        self.on_step = None
+
+    def _new_stats(self) -> RunStats:
+        gamma_limit = self.config.gamma_limit
+        return RunStats(
+            gamma=gamma_limit,
+            num_proposed_per_position=[0] * gamma_limit,
+            num_accepted_per_position=[0] * gamma_limit,
+            num_steps_per_draft_len=[0] * (gamma_limit + 1),
+        )
+
+    def options(self) -> DecodeOptions:
+        return DecodeOptions(
+            method=self.config.method,
+            sampling=self.config.sampling,
+            draft_confidence_threshold=self.config.draft_confidence_threshold,
+        )
+
+    def run(self, requests: Iterable[Request]) -> Iterator[Request]:
+        """Decode every request; yields each one when it finishes (not in input order)."""
+        config = self.config
+        self.stats = self._new_stats()
+        self.executor.begin(self.options())
+        source = iter(requests)
+        exhausted = False
+        running: list[Request] = []
+        keep_rows: torch.Tensor | None = None
+        joining: list[Request] = []
+        start_time = time.perf_counter()
+        try:
+            while True:
+                if config.continuous_batching or not running:
+                    while not exhausted and len(running) + len(joining) < config.max_batch_size:
+                        request = next(source, None)
+                        if request is None:
+                            exhausted = True
+                            break
+                        self._admit(request)
+                        joining.append(request)
+                rows = running + joining
+                if not rows:
+                    break
+                step_start = time.perf_counter()
+                states = [request.generator.get_state() for request in rows]
+                plan = self._plan(rows, keep_rows, joining)
+                try:
+                    outcome = self.executor.execute(plan)
+                except BatchLost:
+                    for request, state in zip(rows, states):
+                        request.generator.set_state(state)
+                        self._admit(request)
+                    running, joining, keep_rows = [], rows, None
+                    self.executor.begin(self.options())
+                    continue
+                finished = self._record(rows, plan, outcome)
+                keep = [index for index, request in enumerate(rows) if request.finish_reason is None]
+                keep_rows = None if len(keep) == len(rows) else torch.tensor(keep, dtype=torch.long)
+                running, joining = [rows[index] for index in keep], []
+                self._observe(rows, plan, outcome, time.perf_counter() - step_start)
+                if self.on_step is not None:
+                    self.on_step(self.stats.num_target_calls)
+                yield from finished
+        finally:
+            self.stats.total_s += time.perf_counter() - start_time
+            stats = self.stats
+            stats.other_s = stats.total_s - stats.draft_s - stats.target_s - stats.verify_s
+
+    def _admit(self, request: Request) -> None:
+        """(Re)join the batch: the executor gets prompt + output; all but its last token are staged."""
+        request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
+        if not request.draft_len:
+            request.draft_len = self.config.gamma
+
+    def _plan(self, rows: list[Request], keep_rows: torch.Tensor | None, joining: list[Request]) -> StepPlan:
+        config = self.config
+        chunk = config.prefill_chunk_tokens
+        decoding = [chunk is None or request.num_prompt_left <= chunk for request in rows]
+        max_drafts = [max(request.remaining - 1, 0) for request in rows]
+        if not config.uses_draft:
+            row_gammas = [0] * len(rows)
+        elif self.goodput is not None:
+            candidates = [
+                (limit, request.acceptance) for request, limit, on in zip(rows, max_drafts, decoding) if on
+            ]
+            row_gammas = [self.goodput.choose_step(candidates, len(rows))] * len(rows)
+        elif config.gamma_schedule == "adaptive":
+            row_gammas = [request.draft_len for request in rows]
+        else:
+            row_gammas = [config.gamma] * len(rows)
+        num_draft_tokens = [
+            min(gamma, limit) if on else 0 for gamma, limit, on in zip(row_gammas, max_drafts, decoding)
+        ]
+        gamma = max(num_draft_tokens, default=0)
+        draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
+        eta = torch.ones(len(rows), gamma, dtype=torch.float64)
+        u = torch.zeros(len(rows), dtype=torch.float64)
+        for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
+            if on:
+                # The row's own stream: draft uniforms, then eta, then u (one call per step).
+                draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
+                draft_uniforms[index, :num_drafts] = draws[:num_drafts]
+                eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
+                u[index] = draws[-1]
+        return StepPlan(
+            keep_rows=keep_rows,
+            new_prompts=[request.prompt_ids + request.output for request in joining],
+            decoding=torch.tensor(decoding, dtype=torch.bool),
+            gamma=gamma,
+            num_draft_tokens=torch.tensor(num_draft_tokens, dtype=torch.long),
+            draft_uniforms=draft_uniforms,
+            eta=eta,
+            u=u,
+            prefill_chunk_tokens=chunk,
+            next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
+        )
+
+    def _next_gamma_guess(
+        self, rows: list[Request], row_gammas: list[int], num_draft_tokens: list[int], gamma: int
+    ) -> int:
+        """The next step's gamma if every row keeps its whole block and none finishes early."""
+        guesses = []
+        for request, row_gamma, num_drafts in zip(rows, row_gammas, num_draft_tokens):
+            left = request.remaining - num_drafts - 1
+            if left < 1:
+                continue
+            if self.config.gamma_schedule == "adaptive":
+                row_gamma = next_draft_length(row_gamma, num_drafts, num_drafts, self.config.max_gamma)
+            guesses.append(min(row_gamma, left - 1))
+        return max(guesses, default=gamma)
+
+    def _record(self, rows: list[Request], plan: StepPlan, outcome: StepOutcome) -> list[Request]:
+        """Append each decoding row's tokens and update the counters; return the rows that finished."""
+        stats = self.stats
+        accepted_counts = outcome.accepted_counts.tolist()
+        next_tokens = outcome.next_tokens.tolist()
+        draft_ids = outcome.draft_ids.tolist()
+        num_draft_tokens = outcome.num_draft_tokens.tolist()
+        decoding = plan.decoding.tolist()
+        chunk = self.config.prefill_chunk_tokens
+        finished = []
+        for index, request in enumerate(rows):
+            if not decoding[index]:
+                request.num_prompt_left -= chunk
+                continue
+            request.num_prompt_left = 0
+            tau = accepted_counts[index]
+            num_drafts = num_draft_tokens[index]
+            for position in range(num_drafts):
+                stats.num_proposed_per_position[position] += 1
+                stats.num_accepted_per_position[position] += int(position < tau)
+            stats.num_row_iterations += 1
+            request.stats.num_iterations += 1
+            request.stats.num_accepted += tau
+            if self.goodput is not None:
+                request.acceptance.num_accepted += tau
+                request.acceptance.num_predicted += self.goodput.predicted_accepted(num_drafts)
+            if self.config.gamma_schedule == "adaptive":
+                request.draft_len = next_draft_length(request.draft_len, tau, num_drafts, self.config.max_gamma)
+            emitted = draft_ids[index][:tau] + [next_tokens[index]]
+            num_before = len(request.output)
+            request.finish_reason = self.stop_checker.append(request.output, emitted, request.budget)
+            stats.num_tokens += len(request.output) - num_before
+            if request.finish_reason is not None:
+                request.stats.num_tokens = len(request.output)
+                finished.append(request)
+        return finished
+
+    def _observe(self, rows: list[Request], plan: StepPlan, outcome: StepOutcome, seconds: float) -> None:
+        stats = self.stats
+        stats.num_target_calls += 1
+        stats.num_steps_per_draft_len[plan.gamma] += 1
+        stats.num_draft_calls = outcome.num_draft_calls
+        stats.draft_s += outcome.draft_s
+        stats.target_s += outcome.target_s
+        stats.verify_s += outcome.verify_s
+        for name, value in outcome.extra.items():
+            stats.extra[name] = stats.extra.get(name, 0.0) + value
+        decoding = plan.decoding.tolist()
+        if self.goodput is None:
+            return
+        num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
+        accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
+        self.goodput.observe_acceptance(num_draft_tokens, accepted)
+        if all(decoding) and not plan.new_prompts:
+            self.goodput.observe_step(len(rows), plan.gamma, seconds)

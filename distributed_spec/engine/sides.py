@@ -1,0 +1,182 @@
+"""The two sides of one speculative step over a running batch: `DraftSide` and `TargetSide`.
+
+    from distributed_spec.engine.sides import DraftSide, TargetSide
+
+Each wraps a ModelRunner and the per-row tokens it has been given but not yet fed. The single-process
+executor (executor.py) holds one of each; in the Ray runtime the draft actor holds the DraftSide and
+every target shard a TargetSide, so both runtimes run exactly the same model work.
+
+Rows join with `update_rows(keep_rows, new_prompts)`: finished rows leave, new rows are appended with
+their prompt[:-1] staged in the runner (it goes in with the next forwards, by chunks on the target)
+and prompt[-1] as their first Y. A row is *decoding* in a step once the target has been fed (or is
+fed in this step) its whole staged prompt; a row still prefilling takes part in the forward with its
+prompt chunk only: its block is masked, nothing of it is kept, its Y stays pending.
+
+Invariant between steps, per decoding row: the target holds every kept token except the last, Y
+(`TargetSide.last_ids`); the draft holds every kept token except its pending input
+(`DraftSide.pending_ids`: [X_g or padding, Y] after a speculative step, one more Y per
+autoregressive step, in which the draft does not run at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from distributed_spec.engine.runner import ModelRunner
+from distributed_spec.engine.steps import propose
+from distributed_spec.verify import SamplingParams
+
+
+class TargetSide:
+    """The target runner and each row's Y (last kept token, not in the cache yet)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.device = runner.device
+        self.reset()
+
+    def reset(self) -> None:
+        self.runner.reset(0)
+        self.last_ids = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+
+    def update_rows(self, keep_rows: torch.Tensor | None, new_prompts: list[list[int]]) -> None:
+        """Drop the rows not in keep_rows ([B'] long, None keeps all), then append new_prompts' rows."""
+        self.last_ids = _update_rows(self.runner, self.last_ids, keep_rows, new_prompts)
+
+    def score(self, draft_ids: torch.Tensor, decoding: torch.Tensor, max_staged: int | None) -> torch.Tensor:
+        """One target forward over [Y, X_1..X_g] per decoding row, after each row's next prompt chunk.
+
+        Args:
+            draft_ids: [B, g] long (g may be 0: an autoregressive step).
+            decoding: [B] bool; rows still prefilling feed their prompt chunk only.
+            max_staged: prompt tokens fed per row at most (engine.prefill_chunk_tokens).
+        Returns:
+            target_logits: [B, g+1, V] (meaningless for rows not decoding).
+        """
+        input_ids = torch.cat([self.last_ids[:, None], draft_ids.to(self.device)], dim=1)  # [B, g+1]
+        input_mask = decoding.to(self.device)[:, None].expand_as(input_ids).long()
+        return self.runner.forward_tokens(input_ids, input_mask, max_staged=max_staged)
+
+    def commit(
+        self, accepted_counts: torch.Tensor, next_tokens: torch.Tensor, decoding: torch.Tensor, gamma: int
+    ) -> None:
+        """Keep Y and the tau accepted drafts of each decoding row; Y' becomes its pending token.
+
+        Args:
+            accepted_counts: [B] tau; next_tokens: [B] Y'; decoding: [B] bool.
+        """
+        decoding = decoding.to(self.device)
+        num_kept = torch.where(decoding, accepted_counts.to(self.device) + 1, 0)
+        self.runner.rollback(num_kept, gamma + 1)
+        self.last_ids = torch.where(decoding, next_tokens.to(self.device), self.last_ids)
+
+
+class DraftSide:
+    """The draft runner and each row's pending input (kept tokens the draft has not fed yet)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.device = runner.device
+        self.reset()
+
+    def reset(self) -> None:
+        self.runner.reset(0)
+        # [B, k] / [B, k] long: pending tokens, left-padded; the last real one is Y (`last_ids`).
+        self.pending_ids = torch.zeros(0, 1, dtype=torch.long, device=self.device)
+        self.pending_mask = torch.zeros(0, 1, dtype=torch.long, device=self.device)
+        self.last_ids = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+
+    def update_rows(self, keep_rows: torch.Tensor | None, new_prompts: list[list[int]]) -> None:
+        """Drop the rows not in keep_rows ([B'] long, None keeps all), then append new_prompts' rows."""
+        if keep_rows is not None:
+            keep_rows = keep_rows.to(self.device)
+            self.pending_ids, self.pending_mask = self.pending_ids[keep_rows], self.pending_mask[keep_rows]
+        self.last_ids = _update_rows(self.runner, self.last_ids, keep_rows, new_prompts)
+        if new_prompts:
+            # A new row's pending input is its Y alone (the last prompt token).
+            new_ids = torch.zeros(len(new_prompts), self.pending_ids.shape[1], dtype=torch.long, device=self.device)
+            new_mask = torch.zeros_like(new_ids)
+            new_ids[:, -1], new_mask[:, -1] = self.last_ids[-len(new_prompts) :], 1
+            self.pending_ids = torch.cat([self.pending_ids, new_ids])
+            self.pending_mask = torch.cat([self.pending_mask, new_mask])
+
+    def propose(
+        self,
+        gamma: int,
+        params: SamplingParams,
+        draft_uniforms: torch.Tensor,
+        decoding: torch.Tensor,
+        to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        confidence_threshold: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """engine.steps.propose from each row's pending input (rows still prefilling feed only their
+        staged prompt). Same arguments and returns as `propose`; decoding: [B] bool."""
+        input_mask = self.pending_mask * decoding.to(self.device)[:, None].long()
+        return propose(
+            self.runner,
+            self.pending_ids,
+            input_mask,
+            gamma,
+            params,
+            draft_uniforms,
+            to_sampled,
+            confidence_threshold,
+        )
+
+    def commit(
+        self,
+        draft_ids: torch.Tensor,
+        accepted_counts: torch.Tensor,
+        next_tokens: torch.Tensor,
+        decoding: torch.Tensor,
+    ) -> None:
+        """Roll the cache back to the kept prefix and set each row's next pending input.
+
+        Args:
+            draft_ids: [B, g] the verified block (g = 0 after an autoregressive step: the draft did not
+                run, Y' is appended to the pending input); accepted_counts: [B] tau; next_tokens: [B] Y';
+            decoding: [B] bool (rows still prefilling keep their pending Y).
+        """
+        decoding = decoding.to(self.device)
+        next_tokens = next_tokens.to(self.device)
+        gamma = draft_ids.shape[1]
+        if gamma == 0:
+            self.pending_ids = torch.cat([self.pending_ids, torch.where(decoding, next_tokens, 0)[:, None]], dim=1)
+            self.pending_mask = torch.cat([self.pending_mask, decoding.long()[:, None]], dim=1)
+            self._trim_pending()
+        else:
+            accepted_counts = accepted_counts.to(self.device)
+            # The draft fed X_1..X_{g-1}: keep the accepted ones; prefilling rows keep none.
+            self.runner.rollback(torch.where(decoding, accepted_counts.clamp(max=gamma - 1), 0), gamma - 1)
+            last_draft = draft_ids[:, -1].to(self.device)
+            kept_last = decoding & (accepted_counts == gamma)
+            self.pending_ids = torch.stack(
+                [torch.where(kept_last, last_draft, 0), torch.where(decoding, next_tokens, self.last_ids)], dim=1
+            )
+            self.pending_mask = torch.stack([kept_last.long(), torch.ones_like(next_tokens)], dim=1)
+        self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
+
+    def _trim_pending(self) -> None:
+        """Drop leading columns that no row uses (the pending input grows by one per autoregressive step)."""
+        used = self.pending_mask.any(dim=0)
+        # Host sync: the new width is a Python int.
+        first = int(used.long().argmax()) if bool(used.any()) else self.pending_mask.shape[1] - 1
+        self.pending_ids, self.pending_mask = self.pending_ids[:, first:], self.pending_mask[:, first:]
+
+
+def _update_rows(
+    runner: ModelRunner, last_ids: torch.Tensor, keep_rows: torch.Tensor | None, new_prompts: list[list[int]]
+) -> torch.Tensor:
+    """Drop the rows not in keep_rows from the runner, append new_prompts' rows (prompt[:-1] staged);
+    return the new last_ids [B'] (each new row's Y is its last prompt token)."""
+    if keep_rows is not None:
+        keep_rows = keep_rows.to(runner.device)
+        runner.drop_rows(keep_rows)
+        last_ids = last_ids[keep_rows]
+    if new_prompts:
+        runner.add_rows([prompt[:-1] for prompt in new_prompts])
+        new_last = torch.tensor([prompt[-1] for prompt in new_prompts], dtype=torch.long, device=runner.device)
+        last_ids = torch.cat([last_ids, new_last])
+    return last_ids

@@ -1,0 +1,370 @@
+"""Throughput of the whole job path (records in, completions out): draft-length policies x batch size.
+
+    python -m scripts.bench_throughput                                # the grid in docs/RESULTS.md
+    python -m scripts.bench_throughput --batch-sizes 4 --temperatures 0 --seeds 0 --runtimes local \\
+        --num-records 16 --out /tmp/bench                             # a quick look
+    python -m scripts.bench_throughput --tiny --out /tmp/bench        # tiny random models (smoke test)
+
+Records: --num-records chat/code/summarisation prompts (distributed_spec/assets/bench_prompts.jsonl,
+cycled), each asking for its own max_new_tokens from a length-skewed mix (three in four short, one in
+four long; natural EOS shortens more), written as a job input file. Every measurement is a real job
+(`distributed_spec.generate.run`: input file, tokenizer, scheduler, completions.jsonl) on a pair loaded
+once per runtime; tokens/s is the job's own figure (generated tokens over its wall-clock).
+
+Policies, all in one run, taking turns within each (runtime, temperature, batch size, seed) so the
+machine's drift hits them alike: autoregressive (the target alone), constant g for each --gammas,
+the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
+max(--gammas)); continuous batching, plus static batches for --static-policies at the batch sizes of
+--static-batch-sizes. Runtimes: local (the single-process engine) and Ray at TP = 1 and 2 (ray1,
+ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
+At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
+policy on 2 cores). Writes results.json, results.md and tokens_per_s_vs_batch.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from distributed_spec.config import (
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    ModelSourceConfig,
+    ParallelConfig,
+    SamplingConfig,
+    SchedulingConfig,
+    TrackingConfig,
+    VerifierConfig,
+)
+from distributed_spec.generate import run
+
+logger = logging.getLogger("bench_throughput")
+
+PROMPTS_PATH = Path(__file__).resolve().parents[1] / "distributed_spec" / "assets" / "bench_prompts.jsonl"
+SHORT_LENGTHS = (4, 6, 8, 12)
+LONG_LENGTHS = (32, 48)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A draft-length policy of the job: verifier.* settings."""
+
+    name: str
+    method: str = "block"
+    gamma_schedule: str = "constant"
+    gamma: int = 4
+    max_gamma: int = 4
+    confidence: float = 0.0
+
+    def verifier(self) -> VerifierConfig:
+        return VerifierConfig(
+            method=self.method,
+            gamma=self.gamma,
+            gamma_schedule=self.gamma_schedule,
+            max_gamma=max(self.max_gamma, self.gamma),
+            draft_confidence_threshold=self.confidence,
+        )
+
+
+@dataclass
+class Measurement:
+    runtime: str
+    policy: str
+    batching: str
+    temperature: float
+    batch_size: int
+    seed: int
+    tokens_per_s: float
+    block_efficiency: float
+    num_tokens: int
+    steps_per_draft_len: list[int] = field(default_factory=list)
+
+
+def write_records(path: Path, num_records: int) -> None:
+    """The length-skewed input: prompts cycled, three short budgets for each long one."""
+    prompts = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+    with open(path, "w", encoding="utf-8") as file:
+        for index in range(num_records):
+            source = prompts[index % len(prompts)]
+            if index % 4 == 3:
+                max_new_tokens = LONG_LENGTHS[(index // 4) % len(LONG_LENGTHS)]
+            else:
+                max_new_tokens = SHORT_LENGTHS[index % len(SHORT_LENGTHS)]
+            record = {"id": f"{source['id']}-{index}", "messages": source["messages"], "max_new_tokens": max_new_tokens}
+            file.write(json.dumps(record) + "\n")
+
+
+def base_job(args: argparse.Namespace, runtime: str, input_path: Path) -> JobConfig:
+    if args.tiny:
+        model = ModelConfig(
+            name="tiny",
+            target=ModelSourceConfig(source=str(args.tiny_dirs[0]), kind="dir"),
+            draft=ModelSourceConfig(source=str(args.tiny_dirs[1]), kind="dir"),
+        )
+    else:
+        model = ModelConfig(dtype=args.dtype)
+    parallel = ParallelConfig(device="cpu")
+    if runtime != "local":
+        parallel = ParallelConfig(
+            runtime="ray", device="cpu", tp_size=int(runtime[-1]), num_cpus_per_shard=1.0, num_cpus_draft=1.0
+        )
+    return JobConfig(
+        model=model,
+        parallel=parallel,
+        sampling=SamplingConfig(max_new_tokens=64),
+        data=DataConfig(input_path=str(input_path), resume=False),
+        tracking=TrackingConfig(mode="disabled", progress=False),
+        log_level="WARNING",
+    )
+
+
+class _KeepOpen:
+    """The loaded generator, lent to one job at a time (the job closes what it is given)."""
+
+    def __init__(self, generator) -> None:
+        self._generator = generator
+
+    def __getattr__(self, name):
+        return getattr(self._generator, name)
+
+    def close(self) -> None:
+        pass
+
+
+def measure(generator, job: JobConfig, out_dir: Path) -> dict:
+    generator.reconfigure(job)
+    return run(job, output_dir=out_dir, generator=_KeepOpen(generator))
+
+
+def policies(args: argparse.Namespace) -> list[Policy]:
+    top = max(args.gammas)
+    result = [Policy("autoregressive", method="autoregressive", gamma=1, max_gamma=1)]
+    result += [Policy(f"g={gamma}", gamma=gamma, max_gamma=gamma) for gamma in args.gammas]
+    if args.confidence:
+        result += [
+            Policy(f"g={gamma} conf{args.confidence}", gamma=gamma, max_gamma=gamma, confidence=args.confidence)
+            for gamma in args.gammas
+        ]
+    result.append(Policy("goodput", gamma_schedule="goodput", gamma=1, max_gamma=top))
+    return result
+
+
+def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
+    from distributed_spec.jobs.runtime import build_generator
+
+    input_path = work / "records.jsonl"
+    write_records(input_path, args.num_records)
+    b1_path = work / "records_b1.jsonl"
+    write_records(b1_path, min(args.records_at_b1, args.num_records))
+    all_policies = policies(args)
+    measurements: list[Measurement] = []
+    for runtime in args.runtimes:
+        job = base_job(args, runtime, input_path)
+        generator = build_generator(replace(job, verifier=all_policies[-1].verifier()))
+        batch_sizes = args.batch_sizes if runtime == "local" else args.ray_batch_sizes
+        runtime_policies = all_policies if runtime == "local" else [p for p in all_policies if not p.confidence]
+        try:
+            for temperature in args.temperatures:
+                for batch_size in batch_sizes:
+                    for seed in args.seeds:
+                        cases = [(policy, "continuous") for policy in runtime_policies]
+                        if runtime == "local" and batch_size in args.static_batch_sizes:
+                            cases += [
+                                (policy, "static") for policy in runtime_policies if policy.name in args.static_policies
+                            ]
+                        for policy, batching in cases:
+                            path = b1_path if batch_size == 1 else input_path
+                            case_job = replace(
+                                job,
+                                verifier=policy.verifier(),
+                                engine=SchedulingConfig(continuous_batching=batching == "continuous"),
+                                sampling=replace(job.sampling, temperature=temperature, seed=seed),
+                                data=replace(job.data, input_path=str(path), batch_size=batch_size),
+                            )
+                            summary = measure(generator, case_job, work / "out")
+                            measurements.append(
+                                Measurement(
+                                    runtime=runtime,
+                                    policy=policy.name,
+                                    batching=batching,
+                                    temperature=temperature,
+                                    batch_size=batch_size,
+                                    seed=seed,
+                                    tokens_per_s=summary["tokens_per_s"],
+                                    block_efficiency=summary["block_efficiency"],
+                                    num_tokens=summary["new_tokens"],
+                                    steps_per_draft_len=summary.get("steps_per_draft_len", []),
+                                )
+                            )
+                            logger.warning(
+                                "%s T=%s B=%d seed=%d %-18s %-10s %7.1f tokens/s  BE %.2f  g-steps %s",
+                                runtime, temperature, batch_size, seed, policy.name, batching,
+                                summary["tokens_per_s"], summary["block_efficiency"],
+                                summary.get("steps_per_draft_len"),
+                            )
+                        write_results(measurements, args)
+        finally:
+            generator.close()
+    return measurements
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def table(measurements: list[Measurement]) -> list[dict]:
+    """One row per (runtime, T, B, policy, batching): mean tokens/s and the ratio to autoregressive
+    (continuous) of the same seeds."""
+    rows = []
+    keys = sorted({(m.runtime, m.temperature, m.batch_size) for m in measurements})
+    for runtime, temperature, batch_size in keys:
+        cell = [m for m in measurements if (m.runtime, m.temperature, m.batch_size) == (runtime, temperature, batch_size)]
+        baseline = {m.seed: m.tokens_per_s for m in cell if m.policy == "autoregressive" and m.batching == "continuous"}
+        for policy, batching in dict.fromkeys((m.policy, m.batching) for m in cell):
+            runs = [m for m in cell if m.policy == policy and m.batching == batching]
+            ratios = [m.tokens_per_s / baseline[m.seed] for m in runs if baseline.get(m.seed)]
+            steps = [sum(column) for column in zip(*(m.steps_per_draft_len for m in runs))] if runs else []
+            rows.append(
+                {
+                    "runtime": runtime,
+                    "temperature": temperature,
+                    "batch_size": batch_size,
+                    "policy": policy,
+                    "batching": batching,
+                    "tokens_per_s": _mean([m.tokens_per_s for m in runs]),
+                    "ratio": _mean(ratios),
+                    "ratio_min": min(ratios) if ratios else float("nan"),
+                    "block_efficiency": _mean([m.block_efficiency for m in runs]),
+                    "seeds": len(runs),
+                    "steps_per_draft_len": steps,
+                }
+            )
+    return rows
+
+
+def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        f"Command: `python -m scripts.bench_throughput {' '.join(args.argv)}`".rstrip(),
+        "",
+        "| runtime | T | B | policy | batching | tokens/s | x autoregressive (min over seeds) | block eff. | steps per g (g=0..) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['runtime']} | {row['temperature']:g} | {row['batch_size']} | {row['policy']} | {row['batching']} "
+            f"| {row['tokens_per_s']:.1f} | {row['ratio']:.2f} ({row['ratio_min']:.2f}) | {row['block_efficiency']:.2f} "
+            f"| {' '.join(map(str, row['steps_per_draft_len']))} |"
+        )
+    lines += ["", "Goodput against the best of autoregressive and the fixed-g policies (continuous batching):", ""]
+    lines += ["| runtime | T | B | best other | its x AR | goodput x AR | goodput / best |", "|---|---|---|---|---|---|---|"]
+    for runtime, temperature, batch_size in sorted({(r["runtime"], r["temperature"], r["batch_size"]) for r in rows}):
+        cell = [r for r in rows if (r["runtime"], r["temperature"], r["batch_size"]) == (runtime, temperature, batch_size)]
+        cell = [r for r in cell if r["batching"] == "continuous"]
+        goodput = next((r for r in cell if r["policy"] == "goodput"), None)
+        others = [r for r in cell if r["policy"] != "goodput"]
+        if goodput is None or not others:
+            continue
+        best = max(others, key=lambda r: r["ratio"])
+        lines.append(
+            f"| {runtime} | {temperature:g} | {batch_size} | {best['policy']} | {best['ratio']:.2f} "
+            f"| {goodput['ratio']:.2f} | {goodput['ratio'] / best['ratio']:.3f} |"
+        )
+    static_rows = [r for r in rows if r["batching"] == "static"]
+    if static_rows:
+        lines += ["", "Continuous over static batches (same policy, T and B):", ""]
+        lines += ["| runtime | T | B | policy | static tokens/s | continuous tokens/s | continuous / static |", "|---|---|---|---|---|---|---|"]
+        for static in static_rows:
+            continuous = next(
+                r for r in rows
+                if r["batching"] == "continuous"
+                and all(r[k] == static[k] for k in ("runtime", "temperature", "batch_size", "policy"))
+            )
+            lines.append(
+                f"| {static['runtime']} | {static['temperature']:g} | {static['batch_size']} | {static['policy']} "
+                f"| {static['tokens_per_s']:.1f} | {continuous['tokens_per_s']:.1f} "
+                f"| {continuous['tokens_per_s'] / static['tokens_per_s']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["runtime"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (runtime, temperature) in zip(axes[0], panels):
+        cell = [r for r in rows if (r["runtime"], r["temperature"]) == (runtime, temperature) and r["batching"] == "continuous"]
+        for policy in dict.fromkeys(r["policy"] for r in cell):
+            points = sorted((r["batch_size"], r["tokens_per_s"]) for r in cell if r["policy"] == policy)
+            style = {"linewidth": 2.5, "color": "black"} if policy == "goodput" else {}
+            ax.plot([b for b, _ in points], [t for _, t in points], marker="o", label=policy, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{runtime}, T={temperature:g}")
+        ax.set_xlabel("batch size (rows decoded at once)")
+        ax.set_ylabel("tokens/s (whole job)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "tokens_per_s_vs_batch.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_results(measurements: list[Measurement], args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table(measurements)
+    (out / "results.json").write_text(
+        json.dumps({"measurements": [m.__dict__ for m in measurements], "rows": rows}, indent=1) + "\n"
+    )
+    (out / "results.md").write_text(markdown(rows, args))
+    plot(rows, out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-records", type=int, default=64)
+    parser.add_argument("--records-at-b1", type=int, default=16)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--ray-batch-sizes", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--confidence", type=float, default=0.4, help="0: no confidence-stop policies")
+    parser.add_argument("--runtimes", nargs="+", default=["local", "ray1", "ray2"], choices=["local", "ray1", "ray2"])
+    parser.add_argument("--static-batch-sizes", type=int, nargs="*", default=[16])
+    parser.add_argument("--static-policies", nargs="*", default=["autoregressive", "goodput"])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
+    parser.add_argument("--out", default="docs/bench/throughput")
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.tiny:
+            from tests.jobs.fakes import save_tiny_pair
+
+            args.tiny_dirs = save_tiny_pair(work / "tiny")
+        start = time.perf_counter()
+        measurements = run_grid(args, work)
+        write_results(measurements, args)
+    print((Path(args.out) / "results.md").read_text())
+    print(f"{len(measurements)} runs in {time.perf_counter() - start:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""The scheduling loop: admission (continuous and static), chunked prefill, budgets, per-row randomness.
+
+    .venv/bin/python -m pytest tests/engine/test_scheduler.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
+from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
+from distributed_spec.verify import SamplingParams
+
+FILLER_TOKEN = 7
+
+
+class RecordingExecutor:
+    """Keeps every plan; every row keeps all its drafts (draft ids 5) and emits FILLER_TOKEN."""
+
+    vocab_size = 64
+    max_context = None
+
+    def __init__(self) -> None:
+        self.plans: list[StepPlan] = []
+        self.rows: list[int] = []
+
+    def begin(self, options: DecodeOptions) -> None:
+        self.rows = []
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        self.plans.append(plan)
+        num_rows = plan.num_rows
+        return StepOutcome(
+            accepted_counts=plan.num_draft_tokens.clone(),
+            next_tokens=torch.full((num_rows,), FILLER_TOKEN),
+            draft_ids=torch.full((num_rows, plan.gamma), 5),
+            num_draft_tokens=plan.num_draft_tokens.clone(),
+        )
+
+
+def _requests(budgets: list[int], prompt_len: int = 3) -> list[Request]:
+    return [
+        Request(key=index, prompt_ids=list(range(1, prompt_len + 1)), budget=budget, seed=index)
+        for index, budget in enumerate(budgets)
+    ]
+
+
+def test_rows_never_verify_past_their_budget():
+    executor = RecordingExecutor()
+    config = EngineConfig(method="block", gamma=4, max_batch_size=2)
+    finished = list(Scheduler(config, executor).run(_requests([3, 11])))
+    first = executor.plans[0]
+    # A row with 3 tokens left verifies 2 drafts (+1 correction/bonus); the step drafts the longest.
+    assert first.num_draft_tokens.tolist() == [2, 4] and first.gamma == 4
+    assert sorted(len(request.output) for request in finished) == [3, 11]
+    # Row 1: 5 + 5 tokens, then one token left: nothing to verify, a plain decoding step.
+    assert [plan.gamma for plan in executor.plans] == [4, 4, 0]
+
+
+def test_continuous_batching_admits_a_record_when_a_row_finishes():
+    executor = RecordingExecutor()
+    config = EngineConfig(method="block", gamma=1, max_batch_size=2)
+    finished = list(Scheduler(config, executor).run(_requests([2, 10, 4])))
+    # Step 1 admits rows 0 and 1; row 0 (2 tokens, 2 per step) finishes; step 2 keeps row 1 and admits row 2.
+    assert len(executor.plans[0].new_prompts) == 2
+    assert executor.plans[1].keep_rows.tolist() == [1] and len(executor.plans[1].new_prompts) == 1
+    assert [request.key for request in finished] == [0, 2, 1]
+
+
+def test_static_batching_waits_for_the_whole_batch():
+    executor = RecordingExecutor()
+    config = EngineConfig(method="block", gamma=1, max_batch_size=2, continuous_batching=False)
+    list(Scheduler(config, executor).run(_requests([2, 10, 4])))
+    joined_at = [step for step, plan in enumerate(executor.plans) if plan.new_prompts]
+    # Row 1 needs 5 steps (2 tokens each): row 2 joins only after it, alone.
+    assert joined_at == [0, 5]
+
+
+def test_long_prompts_go_in_by_chunks():
+    executor = RecordingExecutor()
+    config = EngineConfig(method="block", gamma=2, max_batch_size=2, prefill_chunk_tokens=4)
+    requests = [
+        Request(key="long", prompt_ids=list(range(1, 11)), budget=3, seed=0),
+        Request(key="short", prompt_ids=[1, 2], budget=3, seed=1),
+    ]
+    list(Scheduler(config, executor).run(requests))
+    # 9 staged tokens of the long prompt: 4, 4, then the last 1 with its first block (the short row
+    # decodes from the first step and is done after it: 2 drafts + 1).
+    assert [plan.decoding.tolist() for plan in executor.plans[:3]] == [[False, True], [False], [True]]
+    assert executor.plans[0].num_draft_tokens.tolist() == [0, 2]
+
+
+def test_request_seeds_depend_on_seed_and_key_only():
+    assert request_seed(0, "a") == request_seed(0, "a") != request_seed(0, "b")
+    assert request_seed(0, "a") != request_seed(1, "a")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
+def test_a_prompt_decodes_the_same_alone_or_in_any_batch(tiny_pair, temperature, gamma_schedule):
+    """Per-row generators: a prompt's tokens do not depend on which rows share its batch, on
+    continuous vs static batches, or on prompt chunking."""
+    target, draft = tiny_pair
+    prompts = [[(5 * index + offset) % 60 + 2 for offset in range(1 + index % 7)] for index in range(16)]
+    budgets = [6 + (index * 5) % 17 for index in range(16)]
+    config = EngineConfig(
+        method="block",
+        gamma=3,
+        gamma_schedule=gamma_schedule,
+        max_gamma=5,
+        sampling=SamplingParams(temperature=temperature),
+        max_new_tokens=24,
+        seed=3,
+    )
+
+    def decode(batch_size: int, **overrides) -> list[list[int]]:
+        engine = SpeculativeEngine(target, draft, replace(config, max_batch_size=batch_size, **overrides))
+        requests = [
+            Request(key=index, prompt_ids=prompt, budget=budget, seed=request_seed(config.seed, index))
+            for index, (prompt, budget) in enumerate(zip(prompts, budgets))
+        ]
+        finished = {request.key: request.output for request in engine.stream(requests)}
+        return [finished[index] for index in range(len(prompts))]
+
+    alone = decode(1)
+    assert decode(16) == alone
+    assert decode(3) == alone
+    assert decode(5, continuous_batching=False) == alone
+    assert decode(4, prefill_chunk_tokens=2) == alone
+    assert len({len(output) for output in alone}) > 3  # the set is length-skewed
+
+
+def test_goodput_stops_drafting_where_drafts_are_never_kept(tiny_pair):
+    """A draft that is never right (an unrelated model): once measured, the schedule decodes without it."""
+    target, _ = tiny_pair
+    from distributed_spec.models.tiny import tiny_llama
+
+    unrelated = tiny_llama(vocab_size=64, num_layers=2, hidden=32, seed=9, logit_scale=8.0)
+    config = EngineConfig(
+        method="block",
+        gamma_schedule="goodput",
+        max_gamma=3,
+        sampling=SamplingParams(temperature=0.0),
+        max_new_tokens=60,
+        max_batch_size=1,
+    )
+    results, stats = SpeculativeEngine(target, unrelated, config).generate_with_stats([[5, 6, 7]])
+    steps = stats.num_steps_per_draft_len
+    assert sum(steps) == stats.num_target_calls and len(steps) == 4
+    # The probe tries every g; after it, g = 0 dominates (exploration aside).
+    assert steps[0] > sum(steps[1:])
