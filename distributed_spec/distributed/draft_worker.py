@@ -9,7 +9,7 @@ X_1..X_g, `commit` rolls its cache back to the kept prefix. Two additions, both 
   accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
   would have drawn from that context); otherwise the 2g speculative slots are rolled back.
 
-Verbs: `load`, `start`, `propose`, `propose_ahead`, `commit`, `shutdown`.
+Verbs: `node_id`, `load`, `start`, `propose`, `propose_ahead`, `commit`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class DraftWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        import ray  # noqa: PLC0415 - the class itself stays importable and testable without Ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def load(
         self,
