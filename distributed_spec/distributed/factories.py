@@ -12,7 +12,7 @@ building the whole model in every shard:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -76,3 +76,11 @@ class SpecFactory:
         if directory is None:
             return None
         return Checkpoint(directory, self.spec.torch_dtype, self.spec.trust_remote_code)
+
+    def on_device(self, device: str) -> SpecFactory:
+        """The same model built on `device` (e.g. a draft moved to the CPU by parallel.draft_device=cpu).
+
+        A derived draft loads its target too, so the target's spec moves with it.
+        """
+        target_spec = None if self.target_spec is None else replace(self.target_spec, device=device)
+        return SpecFactory(replace(self.spec, device=device), target_spec)

@@ -26,8 +26,10 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.draft_worker import DraftWorker
 from distributed_spec.distributed.placement import (
     bundle_strategy,
+    cluster_nodes,
     create_placement_group,
-    draft_bundle_index,
+    format_plan,
+    plan_runtime,
     remove_group,
 )
 from distributed_spec.distributed.rendezvous import Rendezvous, pick_rendezvous, shard_placements
@@ -102,6 +104,12 @@ def fetch_on_nodes(factories: list[ModelFactory | None], node_ids: list[str]) ->
     )
 
 
+def factory_on_device(factory: ModelFactory, device: str) -> ModelFactory:
+    """The factory building its model on `device` (a SpecFactory names its device; others are moved by
+    the actor after building)."""
+    return factory.on_device(device) if hasattr(factory, "on_device") else factory
+
+
 def launch(
     config: RayRuntimeConfig,
     engine: EngineConfig,
@@ -109,7 +117,14 @@ def launch(
     draft_factory: ModelFactory | None,
     draft_seed: int,
 ) -> RuntimeActors:
-    """Start and load every actor; on any failure tear down what was started and re-raise."""
+    """Start and load every actor; on any failure tear down what was started and re-raise.
+
+    The plan is checked against the cluster's nodes first (placement.PlacementError, one line naming
+    the keys, when they cannot hold it); parallel.device=auto is decided there from the cluster's GPUs.
+    """
+    nodes = cluster_nodes()
+    config, plan, assignment = plan_runtime(config, nodes)
+    logger.info("%s", format_plan(config, plan, nodes, assignment))
     group = create_placement_group(config)
     actors = None
     try:
@@ -117,23 +132,25 @@ def launch(
         shard_class = ray.remote(TargetShard)
         shards = [
             shard_class.options(
-                num_cpus=config.num_cpus_per_shard,
-                num_gpus=config.num_gpus_per_shard,
-                scheduling_strategy=bundle_strategy(group, rank),
+                num_cpus=slot.num_cpus,
+                num_gpus=slot.num_gpus,
+                scheduling_strategy=bundle_strategy(group, slot.bundle),
             ).remote(num_threads=max(1, round(config.num_cpus_per_shard)))
-            for rank in range(config.tp_size)
+            for slot in plan.shards
         ]
         draft = None
         if engine.uses_draft:
+            slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
                 .options(
-                    num_cpus=config.num_cpus_draft,
-                    num_gpus=config.num_gpus_draft if config.device == "cuda" else 0,
-                    scheduling_strategy=bundle_strategy(group, draft_bundle_index(config)),
+                    num_cpus=slot.num_cpus,
+                    num_gpus=slot.num_gpus,
+                    scheduling_strategy=bundle_strategy(group, slot.bundle),
                 )
                 .remote(num_threads=max(1, round(config.num_cpus_draft)))
             )
+            draft_factory = factory_on_device(draft_factory, plan.draft_device)
         actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
         node_ids = _get_within_load_timeout([actor.node_id.remote() for actor in actors.all_actors], config)
@@ -156,7 +173,7 @@ def launch(
         ]
         if draft is not None:
             load_refs.append(
-                draft.load.remote(draft_factory, config.device, engine.compact_fraction, draft_seed)
+                draft.load.remote(draft_factory, plan.draft_device, engine.compact_fraction, draft_seed)
             )
         # Host sync: nothing can be prefilled before every model is loaded.
         loaded = _get_within_load_timeout(load_refs, config)
