@@ -112,7 +112,11 @@ def tie_embedding_to_head(model: torch.nn.Module) -> None:
     from deepspeed.module_inject.layers import HiddenParallelEmbedding, LmHeadLinearAllreduce  # noqa: PLC0415
 
     head = model.get_output_embeddings()
-    if not getattr(model.config, "tie_word_embeddings", False) or not isinstance(head, LmHeadLinearAllreduce):
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return
+    if not isinstance(head, LmHeadLinearAllreduce):
+        # An uncut head (TP = 1): `to_empty` gave it a parameter of its own; share the embedding's again.
+        model.tie_weights()
         return
     embedding = model.get_input_embeddings()
     model.set_input_embeddings(

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 
 from distributed_spec.config import ConfigError, JobConfig, ParallelConfig, check_devices
 from distributed_spec.distributed.config import RayRuntimeConfig
-from distributed_spec.distributed.factories import TinyLlamaFactory
+from distributed_spec.distributed.factories import SpecFactory, TinyLlamaFactory
 from distributed_spec.distributed.group import launch, teardown
 from distributed_spec.distributed.placement import (
     PlacementError,
@@ -33,6 +34,7 @@ from distributed_spec.distributed.placement import (
     resolve_device,
 )
 from distributed_spec.engine import EngineConfig
+from distributed_spec.models import ModelSpec
 from distributed_spec.plan import compose_job, main, plan_text
 from distributed_spec.verify import SamplingParams
 
@@ -73,6 +75,13 @@ def test_a_cpu_draft_takes_no_gpu():
     plan = plan_placement(RayRuntimeConfig(tp_size=4, draft_device="cpu", **CUDA))
     assert plan.draft_device == "cpu" and plan.draft.num_gpus == 0 and "GPU" not in plan.bundles[4]
     assert plan.shards[0].num_gpus == 1.0
+
+
+def test_a_draft_sent_to_the_cpu_builds_there_with_its_target():
+    target = ModelSpec("smollm2", device="cuda")
+    factory = SpecFactory(ModelSpec(kind="truncated", num_layers=2, device="cuda"), target).on_device("cpu")
+    assert factory.spec.device == factory.target_spec.device == "cpu"
+    assert factory.spec.torch_dtype == torch.float32  # dtype auto follows the device
 
 
 def test_a_cpu_runtime_keeps_one_bundle_per_actor():

@@ -4,7 +4,7 @@
 
 Two ranks in spawned processes (gloo, DeepSpeed on the CPU) load a tiny Llama saved as safetensors:
 - the shard equals what AutoTP cuts from the fully built model, weight for weight and logit for logit,
-  for a tied output head (SmolLM2's layout) and an untied one;
+  for a tied output head (SmolLM2's layout; it stays one parameter) and an untied one, and at TP = 1;
 - no rank allocates the full weights: its parameters are about half of them and its peak resident
   memory while loading grows by less than the full weights (building the full model first grows it
   by more than that).
@@ -44,23 +44,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _join_group(rank: int, port: int) -> None:
+def _join_group(rank: int, port: int, tp_size: int) -> None:
     from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
 
-    rendezvous = Rendezvous(master_addr="127.0.0.1", master_port=port, world_size=TP_SIZE)
-    init_shard_group(rendezvous, ShardPlacement(rank=rank, local_rank=rank, local_size=TP_SIZE), "cpu", "gloo", 120)
+    rendezvous = Rendezvous(master_addr="127.0.0.1", master_port=port, world_size=tp_size)
+    init_shard_group(rendezvous, ShardPlacement(rank=rank, local_rank=rank, local_size=tp_size), "cpu", "gloo", 120)
 
 
-def _compare_worker(rank: int, port: int, directory: str, results) -> None:
+def _compare_worker(rank: int, port: int, tp_size: int, directory: str, results) -> None:
     from transformers import AutoModelForCausalLM
 
     from distributed_spec.distributed.shard_loading import Checkpoint, autotp, load_shard
 
-    _join_group(rank, port)
+    _join_group(rank, port, tp_size)
     input_ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     full = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    reference = autotp(full, TP_SIZE, torch.float32)
-    shard = load_shard(Checkpoint(directory, torch.float32), TP_SIZE)
+    reference = autotp(full, tp_size, torch.float32)
+    shard = load_shard(Checkpoint(directory, torch.float32), tp_size)
     with torch.no_grad():
         same_logits = torch.equal(
             reference(input_ids=input_ids).logits, shard(input_ids=input_ids).logits
@@ -74,49 +74,52 @@ def _compare_worker(rank: int, port: int, directory: str, results) -> None:
     buffers_equal = all(
         torch.equal(buffer, dict(reference.named_buffers())[name]) for name, buffer in shard.named_buffers()
     )
-    results.put((rank, same_logits, mismatched, buffers_equal))
+    # A tied head stays one parameter (TP = 1: the embedding itself; TP > 1: the hidden-sharded one).
+    tied = shard.get_output_embeddings().weight is shard.get_input_embeddings().weight
+    results.put((rank, same_logits, mismatched, buffers_equal, tied))
 
 
-def _memory_worker(rank: int, port: int, directory: str, full_path: bool, results) -> None:
+def _memory_worker(rank: int, port: int, tp_size: int, directory: str, full_path: bool, results) -> None:
     from transformers import AutoModelForCausalLM
 
     from distributed_spec.distributed.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
     from distributed_spec.distributed.shard_loading import Checkpoint, autotp, load_shard, parameter_bytes
 
-    _join_group(rank, port)
+    _join_group(rank, port, tp_size)
     reset_peak_rss()
     before = rss_bytes()
     if full_path:
-        model = autotp(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), TP_SIZE, torch.float32)
+        model = autotp(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), tp_size, torch.float32)
     else:
-        model = load_shard(Checkpoint(directory, torch.float32), TP_SIZE)
+        model = load_shard(Checkpoint(directory, torch.float32), tp_size)
     peak_growth = peak_rss_bytes() - before
     results.put((rank, parameter_bytes(model), peak_growth))
 
 
-def _run_ranks(worker, *args) -> list[tuple]:
+def _run_ranks(worker, tp_size: int, *args) -> list[tuple]:
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(worker, args=(_free_port(), *args, results), nprocs=TP_SIZE, start_method="spawn")
-    return sorted(results.get() for _ in range(TP_SIZE))
+    mp.start_processes(worker, args=(_free_port(), tp_size, *args, results), nprocs=tp_size, start_method="spawn")
+    return sorted(results.get() for _ in range(tp_size))
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_shard_equals_autotp_over_the_full_model(tmp_path, tied):
+@pytest.mark.parametrize(("tied", "tp_size"), [(True, 2), (False, 2), (True, 1)])
+def test_shard_equals_autotp_over_the_full_model(tmp_path, tied, tp_size):
     _save_tiny(tmp_path, tied, hidden=64, vocab_size=64, num_layers=2)
-    for rank, same_logits, mismatched, buffers_equal in _run_ranks(_compare_worker, str(tmp_path)):
+    for rank, same_logits, mismatched, buffers_equal, head_tied in _run_ranks(_compare_worker, tp_size, str(tmp_path)):
         assert same_logits, f"rank {rank}: logits differ"
         assert mismatched == [], f"rank {rank}: weights differ"
         assert buffers_equal, f"rank {rank}: buffers differ"
+        assert head_tied == tied
 
 
 def test_no_shard_allocates_the_full_weights(tmp_path):
     # SmolLM2's layout (tied head, a large vocabulary), scaled to 16M parameters (64 MB).
     full_bytes = _save_tiny(tmp_path, tied=True, hidden=512, vocab_size=8192, num_layers=4)
-    sharded = _run_ranks(_memory_worker, str(tmp_path), False)
+    sharded = _run_ranks(_memory_worker, TP_SIZE, str(tmp_path), False)
     for rank, param_bytes, peak_growth in sharded:
         assert param_bytes <= 0.6 * full_bytes, f"rank {rank} holds {param_bytes / full_bytes:.2f} of the weights"
         assert peak_growth < 0.85 * full_bytes, f"rank {rank} grew by {peak_growth / full_bytes:.2f} x the weights"
     # The old path (build the whole model, then cut it) does allocate them: the check can tell.
-    full = _run_ranks(_memory_worker, str(tmp_path), True)
+    full = _run_ranks(_memory_worker, TP_SIZE, str(tmp_path), True)
     assert all(peak_growth >= full_bytes for _, _, peak_growth in full)
