@@ -12,9 +12,9 @@ import torch
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from distributed_spec.distributed.factories import SpecFactory
-from distributed_spec.models import ModelSpec
+from distributed_spec.models import ModelSpec, loading
 from distributed_spec.models.fetch import HUB_PATTERNS
-from distributed_spec.models.loading import checkpoint_dir
+from distributed_spec.models.loading import checkpoint_dir, gguf_converted_dir
 from distributed_spec.models.tiny import tiny_llama
 
 
@@ -68,3 +68,30 @@ def test_local_directories_and_derived_drafts_fetch_nothing(tmp_path, fake_hub):
     assert checkpoint_dir(truncated, download=True) is None
     assert SpecFactory(truncated, target_spec=ModelSpec(str(tmp_path / "m"))).checkpoint() is None
     assert calls == []
+
+
+def test_a_gguf_file_is_converted_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRIBUTED_SPEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.Q4.gguf"
+    gguf.write_bytes(b"GGUF")
+    spec = ModelSpec(str(gguf))
+    with pytest.raises(FileNotFoundError, match="fetch the weights first"):
+        checkpoint_dir(spec)  # a shard never de-quantises on its own
+    converted = gguf_converted_dir(gguf)
+    assert converted.parent == tmp_path / "cache" / "gguf" and converted.name.startswith("model.Q4-")
+    conversions = []
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", _CountingLoader(conversions))
+    tiny_llama(vocab_size=40).save_pretrained(converted)  # what a finished conversion leaves
+    assert checkpoint_dir(spec, download=True) == converted == checkpoint_dir(spec)
+    assert conversions == []  # already converted: not de-quantised again
+    gguf.write_bytes(b"GGUF, replaced")
+    assert gguf_converted_dir(gguf) != converted  # a replaced file converts again
+
+
+class _CountingLoader:
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def from_pretrained(self, *args, **kwargs):
+        self.calls.append(args)
+        raise AssertionError("converted twice")
