@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the main job on the embedded default pair) and
 # `make test`. Both create .venv on first use and install what they need.
 #
-# Install order matters (docs: ../shared/DESIGN.md section 3): torch 2.13.0 first (a CPU build; a
+# Install order matters (docs/design.md section 6): torch 2.13.0 first (a CPU build; a
 # bare `torch` requirement would pull a multi-GB CUDA build), then deepspeed without build
 # isolation (its setup imports torch), then this package with its dev extras.
 

@@ -134,7 +134,7 @@ class ParallelConfig:
     runtime: str = "local"
     # Tensor-parallel ranks of the target model (runtime=ray only; local runs one process).
     tp_size: int = 1
-    # `auto` picks cuda when a GPU is visible, else cpu.
+    # `auto` picks cuda when a GPU is visible (runtime=ray: when the Ray cluster has GPUs), else cpu.
     device: str = "auto"
     # Collective backend of the target's process group; `auto`: nccl on cuda, gloo on cpu.
     backend: str = "auto"
@@ -144,11 +144,13 @@ class ParallelConfig:
     num_threads: int | None = None
     # The keys below are read by parallel.runtime=ray only; their meaning and checks live in
     # distributed_spec.distributed.config.RayRuntimeConfig, which they mirror one to one.
-    # Logical CPUs reserved per target-shard bundle and for the draft bundle.
+    # Draft device: `auto` (the shards' device) or `cpu`.
+    draft_device: str = "auto"
+    # Logical CPUs reserved per target-shard bundle and for the draft.
     num_cpus_per_shard: float = 1.0
     num_cpus_draft: float = 1.0
-    # GPUs reserved for the draft bundle on cuda (a fraction shares a GPU).
-    num_gpus_draft: float = 1.0
+    # GPUs of the draft on cuda: below 1 it shares shard 0's GPU (tp_size GPUs in all); 1 or more: its own.
+    num_gpus_draft: float = 0.1
     # Ray placement strategy tried first (STRICT_PACK falls back to PACK), and its timeout.
     placement_strategy: str = "STRICT_PACK"
     placement_timeout_s: float = 30.0
@@ -161,6 +163,12 @@ class ParallelConfig:
     load_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
     max_restarts: int = 3
+    # Print where the actors would go and exit, loading nothing (`python -m distributed_spec.plan` always
+    # does), for the live cluster or plan_num_nodes nodes of plan_gpus_per_node GPUs / plan_cpus_per_node CPUs.
+    plan_only: bool = False
+    plan_num_nodes: int = 1
+    plan_gpus_per_node: int | None = None
+    plan_cpus_per_node: float | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -201,7 +209,7 @@ class ParallelConfig:
             # The distributed runtime is not installed in this tree; generate.py reports it.
             return None
         device = device or self.resolved_device()
-        backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        backend = self.backend if self.backend != "auto" or device == "auto" else ("nccl" if device == "cuda" else "gloo")
         values = {f.name: getattr(self, f.name) for f in fields(RayRuntimeConfig) if hasattr(self, f.name)}
         values.update(device=device, backend=backend)
         try:
@@ -210,9 +218,13 @@ class ParallelConfig:
             raise ConfigError(str(err)) from err
 
     def resolved_device(self) -> str:
-        """`cpu` or `cuda`: `auto` resolved against the local machine."""
+        """`cpu` or `cuda`: `auto` resolved against the local machine, or the Ray cluster it joins."""
         if self.device != "auto":
             return self.device
+        if self.runtime == "ray" and self.ray_address is not None:
+            from distributed_spec.distributed.placement import cluster_device
+
+            return cluster_device(self.ray_address)
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -424,8 +436,12 @@ def _omegaconf_message(err: OmegaConfBaseException) -> str:
 def check_devices(parallel: ParallelConfig) -> None:
     """Fail early when the machine cannot host `parallel.tp_size` ranks (before any model loads).
 
-    A remote Ray cluster (`parallel.ray_address` set) is checked by the coordinator once connected.
+    parallel.runtime=ray is checked against the Ray cluster's resources when the runtime launches
+    (distributed.placement.check_fits), never against the driver's devices: the driver of a job
+    submitted to a cluster may well have no GPU.
     """
+    if parallel.runtime == "ray":
+        return
     device = parallel.resolved_device()
     if device == "cuda":
         import torch

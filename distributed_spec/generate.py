@@ -391,6 +391,12 @@ def _final_error_line(error: dict[str, Any]) -> int | None:
 
 def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | None = None) -> dict[str, Any]:
     """Run the job; returns the summary. `generator` replaces the configured runtime (tests)."""
+    if job.parallel.plan_only:
+        # The placement alone (parallel.plan_*): nothing is loaded or written.
+        from distributed_spec.plan import plan_text
+
+        print(plan_text(job))
+        return {}
     check_job(job)
     paths = OutputPaths(
         Path(job.data.output_dir) if job.data.output_dir else output_dir or default_output_dir()

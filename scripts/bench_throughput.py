@@ -32,18 +32,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from distributed_spec.config import (
-    DataConfig,
-    JobConfig,
-    ModelConfig,
-    ModelSourceConfig,
-    ParallelConfig,
-    SamplingConfig,
-    SchedulingConfig,
-    TrackingConfig,
-    VerifierConfig,
-)
-from distributed_spec.generate import run
+from distributed_spec.config import JobConfig, SchedulingConfig, VerifierConfig
+from distributed_spec.generate import CONF_DIR, run
 
 logger = logging.getLogger("bench_throughput")
 
@@ -102,27 +92,32 @@ def write_records(path: Path, num_records: int) -> None:
 
 
 def base_job(args: argparse.Namespace, runtime: str, input_path: Path) -> JobConfig:
+    """The job as `python -m distributed_spec.generate` composes it from conf/ (the default pair)."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = [
+        f"data.input_path={input_path}",
+        "data.resume=false",
+        "tracking=disabled",
+        "tracking.progress=false",
+        "log_level=WARNING",
+        "parallel.device=cpu",
+    ]
     if args.tiny:
-        model = ModelConfig(
-            name="tiny",
-            target=ModelSourceConfig(source=str(args.tiny_dirs[0]), kind="dir"),
-            draft=ModelSourceConfig(source=str(args.tiny_dirs[1]), kind="dir"),
-        )
+        target_dir, draft_dir = args.tiny_dirs
+        overrides += [
+            "model.name=tiny",
+            f"model.target.source={target_dir}",
+            "model.target.kind=dir",
+            f"model.draft.source={draft_dir}",
+            "model.draft.kind=dir",
+        ]
     else:
-        model = ModelConfig(dtype=args.dtype)
-    parallel = ParallelConfig(device="cpu")
+        overrides.append(f"model.dtype={args.dtype}")
     if runtime != "local":
-        parallel = ParallelConfig(
-            runtime="ray", device="cpu", tp_size=int(runtime[-1]), num_cpus_per_shard=1.0, num_cpus_draft=1.0
-        )
-    return JobConfig(
-        model=model,
-        parallel=parallel,
-        sampling=SamplingConfig(max_new_tokens=64),
-        data=DataConfig(input_path=str(input_path), resume=False),
-        tracking=TrackingConfig(mode="disabled", progress=False),
-        log_level="WARNING",
-    )
+        overrides += ["parallel=ray", f"parallel.tp_size={runtime[-1]}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return JobConfig.from_dictconfig(compose(config_name="generate", overrides=overrides))
 
 
 class _KeepOpen:

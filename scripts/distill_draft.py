@@ -460,7 +460,7 @@ def bucket_acceptance(sub_logits: torch.Tensor, sub_ids: torch.Tensor, top_probs
 
     Same shapes as bucket_kl_loss; returns [n]. Merging tokens can only raise sum min(p, q), so this is an
     upper bound of the full acceptance that equals it when the top-k hold all of p's mass; 1 - it is the
-    total variation that speculative sampling pays for (DESIGN.md section 4), the loss of --tv-weight.
+    total variation that speculative sampling pays for (docs/design.md section 2), the loss of --tv-weight.
     """
     q = torch.softmax(sub_logits.float(), dim=-1)
     q = torch.cat([q, q.new_zeros(q.shape[0], 1)], dim=-1)  # [n, K+1]: index K (not scorable) has q = 0

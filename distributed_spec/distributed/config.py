@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
-DEVICE_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
+# "auto": decided from the Ray cluster's resources at launch (placement.resolve_device).
+DEVICE_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "auto": ("auto", "gloo", "nccl")}
+DRAFT_DEVICES = ("auto", "cpu")
 
 
 @dataclass
@@ -18,16 +20,20 @@ class RayRuntimeConfig:
 
     # Number of target shards (tensor-parallel ranks), one Ray actor each.
     tp_size: int = 1
-    # Device of every actor: "cpu" (CPU bundles) or "cuda" (one GPU per shard).
+    # Device of the shards: "cpu" (CPU bundles), "cuda" (one GPU per shard) or "auto" (cuda when the
+    # Ray cluster has GPUs, decided at launch from the cluster's resources, not the driver's).
     device: str = "cpu"
-    # torch.distributed backend of the shard group: "gloo" on cpu, "nccl" on cuda.
+    # torch.distributed backend of the shard group: "gloo" on cpu, "nccl" on cuda ("auto" with device auto).
     backend: str = "gloo"
+    # Device of the draft: "auto" (the shards' device) or "cpu" (its own CPU bundle, no GPU).
+    draft_device: str = "auto"
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
     num_cpus_per_shard: float = 1.0
-    # Logical CPUs reserved for the draft bundle.
+    # Logical CPUs reserved for the draft.
     num_cpus_draft: float = 1.0
-    # GPUs reserved for the draft bundle on cuda (a fraction shares a GPU with other work).
-    num_gpus_draft: float = 1.0
+    # GPUs of the draft on cuda: below 1 it shares shard 0's GPU (same bundle; shard 0 takes the rest),
+    # so tp_size shards and the draft fit on tp_size GPUs; 1 or more gives it a bundle of its own.
+    num_gpus_draft: float = 0.1
     # Placement strategy tried first; STRICT_PACK falls back to PACK when one node cannot hold all.
     placement_strategy: str = "STRICT_PACK"
     # Seconds to wait for the placement group before falling back (or failing).
@@ -49,6 +55,13 @@ class RayRuntimeConfig:
     max_restarts: int = 3
     # Address of an existing Ray cluster ("auto", "ray://..."); None starts or reuses a local one.
     ray_address: str | None = None
+    # Print the placement plan against the cluster (or the nodes described below) and load nothing.
+    plan_only: bool = False
+    # A cluster to plan for instead of the live one: plan_num_nodes nodes of plan_gpus_per_node GPUs
+    # and plan_cpus_per_node CPUs (null CPUs: as many as the bundles need). null GPUs: the live cluster.
+    plan_num_nodes: int = 1
+    plan_gpus_per_node: int | None = None
+    plan_cpus_per_node: float | None = None
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
@@ -60,6 +73,19 @@ class RayRuntimeConfig:
                 f"parallel.backend={self.backend!r} does not work with parallel.device={self.device!r}; "
                 f"use one of {DEVICE_BACKENDS[self.device]}"
             )
+        if self.draft_device not in DRAFT_DEVICES:
+            raise ValueError(f"parallel.draft_device must be one of {DRAFT_DEVICES}, got {self.draft_device!r}")
+        if self.device == "cuda" and self.draft_on_gpu and self.num_gpus_draft <= 0:
+            raise ValueError(
+                f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
+                "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu"
+            )
+        if self.num_gpus_draft > 1 and self.num_gpus_draft != int(self.num_gpus_draft):
+            raise ValueError(
+                f"parallel.num_gpus_draft={self.num_gpus_draft}: above 1 Ray needs a whole number of GPUs"
+            )
+        if self.plan_num_nodes < 1 or (self.plan_gpus_per_node is not None and self.plan_gpus_per_node < 0):
+            raise ValueError("parallel.plan_num_nodes must be >= 1 and parallel.plan_gpus_per_node >= 0 or null")
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise ValueError(
                 f"parallel.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}"
@@ -79,3 +105,17 @@ class RayRuntimeConfig:
     def num_gpus_per_shard(self) -> float:
         """One device per shard on GPUs, none on CPU."""
         return 1.0 if self.device == "cuda" else 0.0
+
+    @property
+    def draft_on_gpu(self) -> bool:
+        """Whether the draft runs on a GPU (device cuda, draft_device auto)."""
+        return self.device == "cuda" and self.draft_device == "auto"
+
+    @property
+    def draft_shares_gpu(self) -> bool:
+        """Whether the draft shares shard 0's GPU (a fractional num_gpus_draft on cuda)."""
+        return self.draft_on_gpu and self.num_gpus_draft < 1
+
+    @property
+    def resolved_draft_device(self) -> str:
+        return self.device if self.draft_device == "auto" else self.draft_device

@@ -5,8 +5,9 @@
                         RayRuntimeConfig(tp_size=2)) as coordinator:
         results, stats = coordinator.generate_with_stats([[1, 2, 3], [4, 5]])
 
-`target_factory` / `draft_factory` are picklable zero-argument callables that build the models
-(each actor calls its factory; every shard builds the same full target and keeps its slice).
+`target_factory` / `draft_factory` are picklable zero-argument callables that describe the models
+(each actor calls its factory; a shard reads only its own slice of the target's weights, see
+docs/distributed.md, Loading).
 
 The loop is the engine's (engine/scheduler.py: admission, draft lengths, uniforms, finishing,
 statistics); this class only runs each planned step on the actors (docs/design.md, the data flow):
@@ -43,7 +44,7 @@ import ray
 import torch
 
 from distributed_spec.distributed.config import RayRuntimeConfig
-from distributed_spec.distributed.group import ModelFactory, RuntimeActors, launch, teardown
+from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import DraftBlock, WireFormat
@@ -262,6 +263,8 @@ class RayCoordinator:
                 self._wait(refs, self.runtime.load_timeout_s)
                 self._first_step = True
                 return
+            except LoadTimeoutError:
+                raise  # a configuration matter (parallel.load_timeout_s), not a fault to retry
             except FAULT_ERRORS as error:
                 self._restart(error)
 

@@ -10,7 +10,7 @@ hands it rank 0's verdict, applied at the next `step`. Two additions, both exact
   accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
   would have drawn from that context); otherwise the 2g speculative slots are rolled back.
 
-Verbs: `load`, `begin`, `step`, `propose_ahead`, `commit`, `shutdown`.
+Verbs: `node_id`, `load`, `begin`, `step`, `propose_ahead`, `commit`, `shutdown`.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ class DraftWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        import ray  # noqa: PLC0415 - the class itself stays importable and testable without Ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def load(
         self,

@@ -1,17 +1,23 @@
 """Picklable model factories: what the coordinator hands to each actor to build its model.
 
 Each actor calls its factory in its own process, so a factory must be cheap to pickle (a
-description, never weights) and deterministic: every target shard builds the same full model and
-keeps its own slice of it.
+description, never weights) and deterministic. Two optional verbs let the runtime do better than
+building the whole model in every shard:
+- `fetch()`: download or convert the model's files; run once per node before any actor loads
+  (group.fetch_on_nodes), outside parallel.load_timeout_s;
+- `checkpoint()`: the local safetensors checkpoint a target shard reads only its slice from
+  (shard_loading.load_shard); None when the model is built in code (TinyLlamaFactory) or derived
+  from the target (truncated and distilled drafts): then the shard builds it whole and AutoTP cuts it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from distributed_spec.models.loading import ModelSpec, load_model, load_pair
+from distributed_spec.distributed.shard_loading import Checkpoint
+from distributed_spec.models.loading import ModelSpec, checkpoint_dir, load_model, load_pair
 from distributed_spec.models.tiny import perturbed_copy, tiny_llama
 
 
@@ -57,3 +63,24 @@ class SpecFactory:
                 )
             return load_pair(self.target_spec, self.spec)[1].model
         return load_model(self.spec).model
+
+    def fetch(self) -> None:
+        """Download or convert the files this model loads from (the target's too, for a derived draft)."""
+        for spec in (self.target_spec, self.spec):
+            if spec is not None:
+                checkpoint_dir(spec, download=True)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """The fetched safetensors checkpoint (None for a draft derived from the target)."""
+        directory = checkpoint_dir(self.spec)
+        if directory is None:
+            return None
+        return Checkpoint(directory, self.spec.torch_dtype, self.spec.trust_remote_code)
+
+    def on_device(self, device: str) -> SpecFactory:
+        """The same model built on `device` (e.g. a draft moved to the CPU by parallel.draft_device=cpu).
+
+        A derived draft loads its target too, so the target's spec moves with it.
+        """
+        target_spec = None if self.target_spec is None else replace(self.target_spec, device=device)
+        return SpecFactory(replace(self.spec, device=device), target_spec)

@@ -1,7 +1,9 @@
 """Launch and tear down one runtime: placement group, target shard group, draft actor.
 
 `launch` reserves the bundles, picks the rendezvous (fresh port each time, so a restarted group
-never meets the remains of a dead one), starts the actors and loads the models; `teardown` kills
+never meets the remains of a dead one), starts the actors, fetches the model files once per node
+(hub downloads, GGUF conversion; no time limit, as a cold 70B download takes long) and then loads
+the models within parallel.load_timeout_s (a `LoadTimeoutError` past it); `teardown` kills
 every actor (`ray.kill`, no restart), removes the placement group and deletes the shared-memory
 segments the CPU all-reduce leaves in /dev/shm (DeepSpeed never unlinks them).
 """
@@ -24,8 +26,10 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.draft_worker import DraftWorker
 from distributed_spec.distributed.placement import (
     bundle_strategy,
+    cluster_nodes,
     create_placement_group,
-    draft_bundle_index,
+    format_plan,
+    plan_runtime,
     remove_group,
 )
 from distributed_spec.distributed.rendezvous import Rendezvous, pick_rendezvous, shard_placements
@@ -35,6 +39,10 @@ from distributed_spec.engine.config import EngineConfig
 logger = logging.getLogger(__name__)
 
 ModelFactory = Callable[[], torch.nn.Module]
+
+
+class LoadTimeoutError(TimeoutError):
+    """The actors did not start or load within parallel.load_timeout_s (model files already fetched)."""
 
 
 @dataclass
@@ -49,6 +57,8 @@ class RuntimeActors:
     shard_node_ids: list[str] = field(default_factory=list)
     vocab_size: int = 0
     max_context: int | None = None
+    # Per rank: what each shard's load reported (parameter bytes, peak resident growth).
+    shard_memory: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def all_actors(self) -> list[ActorHandle]:
@@ -59,11 +69,45 @@ def _get_within_load_timeout(refs: list[ray.ObjectRef], config: RayRuntimeConfig
     try:
         return ray.get(refs, timeout=config.load_timeout_s)
     except ray.exceptions.GetTimeoutError as error:
-        raise TimeoutError(
-            f"the actors did not start and load within parallel.load_timeout_s = {config.load_timeout_s:.0f} s; "
-            "a first run on a CPU machine also compiles DeepSpeed's shared-memory all-reduce, "
-            "which takes minutes on busy cores: raise the timeout there"
+        raise LoadTimeoutError(
+            f"the actors did not start and load within parallel.load_timeout_s = {config.load_timeout_s:.0f} s "
+            "(model files were already fetched); raise parallel.load_timeout_s. A first run on a CPU "
+            "machine also compiles DeepSpeed's shared-memory all-reduce, which takes minutes on busy cores"
         ) from error
+
+
+@ray.remote(num_cpus=0)
+def _fetch_on_node(factories: list[ModelFactory]) -> None:
+    for factory in factories:
+        factory.fetch()
+
+
+def fetch_on_nodes(factories: list[ModelFactory | None], node_ids: list[str]) -> None:
+    """Run each factory's `fetch` (download, convert) once on every node that will load a model.
+
+    No time limit: a cold download of a large model takes as long as the network needs (its
+    progress bars reach the driver's log). Factories without `fetch` (built in code) are skipped.
+    """
+    fetchable = [factory for factory in factories if factory is not None and hasattr(factory, "fetch")]
+    if not fetchable:
+        return
+    nodes = sorted(set(node_ids))
+    logger.info("fetching model files on %d node(s) before loading", len(nodes))
+    # Host sync: nothing may load before its files are on its node.
+    ray.get(
+        [
+            _fetch_on_node.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+            ).remote(fetchable)
+            for node_id in nodes
+        ]
+    )
+
+
+def factory_on_device(factory: ModelFactory, device: str) -> ModelFactory:
+    """The factory building its model on `device` (a SpecFactory names its device; others are moved by
+    the actor after building)."""
+    return factory.on_device(device) if hasattr(factory, "on_device") else factory
 
 
 def launch(
@@ -73,7 +117,14 @@ def launch(
     draft_factory: ModelFactory | None,
     draft_seed: int,
 ) -> RuntimeActors:
-    """Start and load every actor; on any failure tear down what was started and re-raise."""
+    """Start and load every actor; on any failure tear down what was started and re-raise.
+
+    The plan is checked against the cluster's nodes first (placement.PlacementError, one line naming
+    the keys, when they cannot hold it); parallel.device=auto is decided there from the cluster's GPUs.
+    """
+    nodes = cluster_nodes()
+    config, plan, assignment = plan_runtime(config, nodes)
+    logger.info("%s", format_plan(config, plan, nodes, assignment))
     group = create_placement_group(config)
     actors = None
     try:
@@ -81,26 +132,32 @@ def launch(
         shard_class = ray.remote(TargetShard)
         shards = [
             shard_class.options(
-                num_cpus=config.num_cpus_per_shard,
-                num_gpus=config.num_gpus_per_shard,
-                scheduling_strategy=bundle_strategy(group, rank),
+                num_cpus=slot.num_cpus,
+                num_gpus=slot.num_gpus,
+                scheduling_strategy=bundle_strategy(group, slot.bundle),
             ).remote(num_threads=max(1, round(config.num_cpus_per_shard)))
-            for rank in range(config.tp_size)
+            for slot in plan.shards
         ]
         draft = None
         if engine.uses_draft:
+            slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
                 .options(
-                    num_cpus=config.num_cpus_draft,
-                    num_gpus=config.num_gpus_draft if config.device == "cuda" else 0,
-                    scheduling_strategy=bundle_strategy(group, draft_bundle_index(config)),
+                    num_cpus=slot.num_cpus,
+                    num_gpus=slot.num_gpus,
+                    scheduling_strategy=bundle_strategy(group, slot.bundle),
                 )
                 .remote(num_threads=max(1, round(config.num_cpus_draft)))
             )
+            draft_factory = factory_on_device(draft_factory, plan.draft_device)
         actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
-        actors.shard_node_ids = _get_within_load_timeout([shard.node_id.remote() for shard in shards], config)
+        node_ids = _get_within_load_timeout([actor.node_id.remote() for actor in actors.all_actors], config)
+        actors.shard_node_ids = node_ids[: len(shards)]
+        fetch_on_nodes([target_factory], actors.shard_node_ids)
+        if draft is not None:
+            fetch_on_nodes([draft_factory], node_ids[len(shards) :])
         placements = shard_placements(actors.shard_node_ids)
         load_refs = [
             shard.load.remote(
@@ -116,10 +173,13 @@ def launch(
         ]
         if draft is not None:
             load_refs.append(
-                draft.load.remote(draft_factory, config.device, engine.compact_fraction, draft_seed)
+                draft.load.remote(draft_factory, plan.draft_device, engine.compact_fraction, draft_seed)
             )
         # Host sync: nothing can be prefilled before every model is loaded.
         loaded = _get_within_load_timeout(load_refs, config)
+        actors.shard_memory = [
+            {key: info[key] for key in ("parameter_bytes", "load_peak_rss_bytes")} for info in loaded[: len(shards)]
+        ]
         actors.vocab_size = int(loaded[0]["vocab_size"])
         actors.max_context = loaded[0]["max_context"]
         if draft is not None:

@@ -1,14 +1,24 @@
-"""Placement group of one runtime: one bundle per target shard, then one for the draft.
+"""Placement of one runtime: its bundles, which actor goes in which, and whether the cluster fits them.
+
+Bundles [shard_0 .. shard_{tp-1}] (+ a draft bundle). On cuda each shard bundle holds one GPU; the
+draft, unless it runs on the CPU (parallel.draft_device=cpu) or asks for whole GPUs
+(parallel.num_gpus_draft >= 1), shares shard 0's GPU: it sits in shard 0's bundle with a fraction
+num_gpus_draft of the GPU, shard 0 takes the rest. So tp_size shards and the draft fit on tp_size
+GPUs, e.g. a 70B target over the 8 GPUs of one node with its 1B draft beside shard 0.
 
 Shards are packed on one node where possible (STRICT_PACK), so the CPU all-reduce can use shared
 memory and NCCL can use NVLink; when no single node can hold them the group falls back to PACK.
+`plan_placement` + `check_fits` run before anything is reserved: a plan the cluster's nodes (Ray's,
+not the driver's) cannot hold fails at once, in one line naming the keys to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
+from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -18,15 +28,50 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 
 logger = logging.getLogger(__name__)
 
+Resources = dict[str, float]
 
-def runtime_bundles(config: RayRuntimeConfig) -> list[dict[str, float]]:
-    """Bundles [shard_0 .. shard_{tp-1}, draft]: CPU bundles on cpu, one GPU per shard on cuda."""
-    shard = {"CPU": config.num_cpus_per_shard}
-    draft = {"CPU": config.num_cpus_draft}
-    if config.device == "cuda":
-        shard["GPU"] = config.num_gpus_per_shard
-        draft["GPU"] = config.num_gpus_draft
-    return [dict(shard) for _ in range(config.tp_size)] + [draft]
+
+@dataclass(frozen=True)
+class ActorSlot:
+    """Where one actor goes: its bundle and the resources it asks of that bundle."""
+
+    bundle: int
+    num_cpus: float
+    num_gpus: float
+
+
+@dataclass(frozen=True)
+class RuntimePlacement:
+    """Bundles of the placement group and the slot of every actor in them."""
+
+    bundles: list[Resources]
+    # Rank order.
+    shards: list[ActorSlot]
+    draft: ActorSlot
+    # "cpu" or "cuda": where the draft's model runs.
+    draft_device: str
+
+
+def plan_placement(config: RayRuntimeConfig) -> RuntimePlacement:
+    """Bundles and actor slots for a resolved config (device cpu or cuda; see the module docstring)."""
+    gpu = config.device == "cuda"
+    shard = {"CPU": config.num_cpus_per_shard} | ({"GPU": 1.0} if gpu else {})
+    bundles = [dict(shard) for _ in range(config.tp_size)]
+    shards = [ActorSlot(rank, config.num_cpus_per_shard, shard.get("GPU", 0.0)) for rank in range(config.tp_size)]
+    if config.draft_shares_gpu:
+        bundles[0]["CPU"] += config.num_cpus_draft
+        shards[0] = ActorSlot(0, config.num_cpus_per_shard, 1.0 - config.num_gpus_draft)
+        draft = ActorSlot(0, config.num_cpus_draft, config.num_gpus_draft)
+    else:
+        draft_gpus = config.num_gpus_draft if config.draft_on_gpu else 0.0
+        bundles.append({"CPU": config.num_cpus_draft} | ({"GPU": draft_gpus} if draft_gpus else {}))
+        draft = ActorSlot(config.tp_size, config.num_cpus_draft, draft_gpus)
+    return RuntimePlacement(bundles, shards, draft, config.resolved_draft_device)
+
+
+def runtime_bundles(config: RayRuntimeConfig) -> list[Resources]:
+    """The placement group's bundles (see plan_placement)."""
+    return plan_placement(config).bundles
 
 
 def local_num_cpus(config: RayRuntimeConfig) -> int:
@@ -35,12 +80,174 @@ def local_num_cpus(config: RayRuntimeConfig) -> int:
     On a small machine (2 cores, TP = 2 + draft = 3 one-CPU bundles) the bundles then share the
     physical cores instead of waiting forever for a placement that cannot exist.
     """
-    needed = sum(bundle.get("CPU", 0.0) for bundle in runtime_bundles(config))
+    cpu_config = dataclasses.replace(config, device="cpu", backend="gloo")  # CPU counts do not depend on it
+    needed = sum(bundle.get("CPU", 0.0) for bundle in runtime_bundles(cpu_config))
     return max(os.cpu_count() or 1, math.ceil(needed))
 
 
 def draft_bundle_index(config: RayRuntimeConfig) -> int:
-    return config.tp_size
+    return plan_placement(config).draft.bundle
+
+
+# ---- the cluster -----------------------------------------------------------------------------
+
+
+def cluster_nodes() -> list[Resources]:
+    """CPU and GPU totals of every live node of the connected Ray cluster."""
+    return [
+        {"CPU": node["Resources"].get("CPU", 0.0), "GPU": node["Resources"].get("GPU", 0.0)}
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
+
+
+def described_nodes(config: RayRuntimeConfig) -> list[Resources] | None:
+    """The cluster that parallel.plan_* describes, or None to use the live one."""
+    if config.plan_gpus_per_node is None:
+        return None
+    cpus = config.plan_cpus_per_node if config.plan_cpus_per_node is not None else math.inf
+    return [{"CPU": cpus, "GPU": float(config.plan_gpus_per_node)} for _ in range(config.plan_num_nodes)]
+
+
+def device_for(nodes: list[Resources]) -> str:
+    """parallel.device=auto: cuda when the cluster has GPUs (the driver's own devices do not count)."""
+    return "cuda" if sum(node.get("GPU", 0.0) for node in nodes) > 0 else "cpu"
+
+
+def resolve_device(config: RayRuntimeConfig, nodes: list[Resources]) -> RayRuntimeConfig:
+    """The config with device and backend `auto` decided for these nodes."""
+    if config.device != "auto":
+        return config
+    device = device_for(nodes)
+    backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    logger.info("parallel.device=auto: the cluster has %s GPUs: %s", _total(nodes, "GPU"), device)
+    return dataclasses.replace(config, device=device, backend=backend)
+
+
+def _total(nodes: list[Resources], key: str) -> float:
+    return sum(node.get(key, 0.0) for node in nodes)
+
+
+def assign_bundles(bundles: list[Resources], nodes: list[Resources], strategy: str) -> list[int] | None:
+    """Node index of every bundle (first fit, largest bundles first), or None when they do not fit.
+
+    STRICT_PACK tries one node first and, as create_placement_group does, falls back to PACK;
+    STRICT_SPREAD needs a distinct node per bundle.
+    """
+    if strategy == "STRICT_PACK":
+        for index, node in enumerate(nodes):
+            if all(_total(bundles, key) <= node.get(key, 0.0) for key in ("CPU", "GPU")):
+                return [index] * len(bundles)
+    free = [dict(node) for node in nodes]
+    used: set[int] = set()
+    assignment = [-1] * len(bundles)
+    order = sorted(range(len(bundles)), key=lambda b: (-bundles[b].get("GPU", 0.0), -bundles[b].get("CPU", 0.0)))
+    for b in order:
+        fits = [
+            n
+            for n, node in enumerate(free)
+            if all(bundles[b].get(key, 0.0) <= node.get(key, 0.0) + 1e-9 for key in ("CPU", "GPU"))
+            and not (strategy == "STRICT_SPREAD" and n in used)
+        ]
+        if not fits:
+            return None
+        assignment[b] = fits[0]
+        used.add(fits[0])
+        for key in ("CPU", "GPU"):
+            free[fits[0]][key] = free[fits[0]].get(key, 0.0) - bundles[b].get(key, 0.0)
+    return assignment
+
+
+class PlacementError(ValueError):
+    """The cluster cannot hold the runtime's bundles; the message names the keys to change."""
+
+
+def check_fits(config: RayRuntimeConfig, placement: RuntimePlacement, nodes: list[Resources]) -> list[int]:
+    """Node index of every bundle; raises PlacementError, in one line naming the keys, when they do not fit."""
+    assignment = assign_bundles(placement.bundles, nodes, config.placement_strategy)
+    if assignment is not None:
+        return assignment
+    need_gpus, have_gpus = _total(placement.bundles, "GPU"), _total(nodes, "GPU")
+    most_gpus = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
+    if config.device == "cuda" and (need_gpus > have_gpus or most_gpus < 1):
+        draft = (
+            f"+ {config.num_gpus_draft:g} for the draft (parallel.num_gpus_draft)"
+            if placement.draft.bundle == config.tp_size and placement.draft.num_gpus
+            else "(the draft shares shard 0's GPU)" if config.draft_shares_gpu else "(the draft on the CPU)"
+        )
+        raise PlacementError(
+            f"parallel.tp_size={config.tp_size} on parallel.device=cuda needs {need_gpus:g} GPUs "
+            f"({config.tp_size} shards {draft}) but the cluster has {have_gpus:g} ({len(nodes)} node(s), "
+            f"at most {most_gpus:g} on one); lower parallel.tp_size, set parallel.num_gpus_draft below 1 "
+            "or parallel.draft_device=cpu, or add GPU nodes"
+        )
+    raise PlacementError(
+        f"the cluster's nodes ({_describe(nodes)}) cannot hold the bundles {placement.bundles} with "
+        f"parallel.placement_strategy={config.placement_strategy}; lower parallel.num_cpus_per_shard / "
+        "parallel.num_cpus_draft or parallel.tp_size, or use parallel.placement_strategy=PACK"
+    )
+
+
+def _describe(nodes: list[Resources]) -> str:
+    return ", ".join(f"{_count(node.get('CPU', 0.0))} CPU + {node.get('GPU', 0.0):g} GPU" for node in nodes) or "none"
+
+
+def _count(value: float) -> str:
+    return "any" if math.isinf(value) else f"{value:g}"
+
+
+def format_plan(config: RayRuntimeConfig, placement: RuntimePlacement, nodes: list[Resources], assignment: list[int]) -> str:
+    """A human-readable placement: one line per node, the actors on it and what they hold."""
+    lines = [
+        f"placement: {config.tp_size} target shard(s) on {config.device} ({config.backend}), "
+        f"draft on {placement.draft_device}, strategy {config.placement_strategy}; "
+        f"{len(nodes)} node(s): {_describe(nodes)}"
+    ]
+    for node in sorted(set(assignment)):
+        actors = [
+            f"shard {rank} ({slot.num_gpus:g} GPU, {slot.num_cpus:g} CPU)"
+            for rank, slot in enumerate(placement.shards)
+            if assignment[slot.bundle] == node
+        ]
+        if assignment[placement.draft.bundle] == node:
+            actors.append(f"draft ({placement.draft.num_gpus:g} GPU, {placement.draft.num_cpus:g} CPU)")
+        used = {key: sum(placement.bundles[b].get(key, 0.0) for b, n in enumerate(assignment) if n == node)
+                for key in ("GPU", "CPU")}
+        lines.append(
+            f"  node {node}: {used['GPU']:g}/{nodes[node].get('GPU', 0.0):g} GPU, "
+            f"{used['CPU']:g}/{_count(nodes[node].get('CPU', 0.0))} CPU: " + ", ".join(actors)
+        )
+    return "\n".join(lines)
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` (None: start one here) unless this process already has."""
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+
+
+def cluster_device(address: str | None) -> str:
+    """parallel.device=auto for a job that joins the cluster at `address`: cuda when it has GPUs."""
+    connect(address)
+    return device_for(cluster_nodes())
+
+
+def plan_report(config: RayRuntimeConfig) -> str:
+    """The placement for the cluster parallel.plan_* describes, else for the live one (joined or
+    started here); raises PlacementError when it does not fit. Loads no model."""
+    nodes = described_nodes(config)
+    if nodes is None:
+        connect(config.ray_address)
+        nodes = cluster_nodes()
+    config, placement, assignment = plan_runtime(config, nodes)
+    return format_plan(config, placement, nodes, assignment)
+
+
+def plan_runtime(config: RayRuntimeConfig, nodes: list[Resources]) -> tuple[RayRuntimeConfig, RuntimePlacement, list[int]]:
+    """Resolve device=auto for `nodes`, plan the bundles and check that the nodes hold them."""
+    config = resolve_device(config, nodes)
+    placement = plan_placement(config)
+    return config, placement, check_fits(config, placement, nodes)
 
 
 def create_placement_group(config: RayRuntimeConfig) -> PlacementGroup:

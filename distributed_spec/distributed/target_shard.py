@@ -1,10 +1,12 @@
 """`TargetShard`: one tensor-parallel rank of the target, a Ray actor (built by the coordinator).
 
-Each shard joins the shard group (torch.distributed through DeepSpeed), builds the full target from
-the same factory, and keeps only its slice through DeepSpeed AutoTP
-(`init_inference(tensor_parallel={"tp_size": N}, replace_with_kernel_inject=False)`); after the
-sharding pass the model is an ordinary module whose linear layers all-reduce inside the group, so
-the single-process runner drives it unchanged (STYLE.md habits 4 and 5).
+Each shard joins the shard group (torch.distributed through DeepSpeed) and builds its slice of the
+target through DeepSpeed AutoTP (`init_inference(tensor_parallel={"tp_size": N},
+replace_with_kernel_inject=False)`): from a safetensors checkpoint it reads only its own slice
+(shard_loading.py; no rank holds the full weights); a model built in code (tiny test models) is
+built whole and cut. After the sharding pass the model is an ordinary module whose linear layers
+all-reduce inside the group, so the single-process runner drives it unchanged (STYLE.md habits 4
+and 5).
 
 Verbs: `node_id`, `load`, `logits` (tests), `begin`, `score_and_verify`, `shutdown`.
 
@@ -27,8 +29,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from distributed_spec.distributed.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
 from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
+from distributed_spec.distributed.shard_loading import autotp, load_shard, parameter_bytes
 from distributed_spec.distributed.wire import DraftBlock, unpack_probs
 from distributed_spec.engine.executor import verify_step
 from distributed_spec.engine.runner import ModelRunner
@@ -39,21 +43,13 @@ logger = logging.getLogger(__name__)
 ModelFactory = Callable[[], torch.nn.Module]
 
 
-def shard_with_autotp(model: torch.nn.Module, tp_size: int, dtype: torch.dtype) -> torch.nn.Module:
-    """DeepSpeed AutoTP over an already built model; returns the sharded module (in place)."""
-    import deepspeed  # noqa: PLC0415 - imported only after the distributed environment is set
-
-    if getattr(model, "is_quantized", False) and all(p.dtype == dtype for p in model.parameters()):
-        # GGUF checkpoints load dequantised but flagged as quantised; DeepSpeed's dtype pass (a no-op
-        # here) calls .float(), which transformers refuses on a flagged model.
-        model.is_quantized = False
-    engine = deepspeed.init_inference(
-        model,
-        tensor_parallel={"tp_size": tp_size},
-        dtype=dtype,
-        replace_with_kernel_inject=False,
-    )
-    return engine.module
+def build_shard(model_factory: ModelFactory, tp_size: int, device: torch.device) -> torch.nn.Module:
+    """This rank's shard: read from the factory's checkpoint when it has one, else built whole and cut."""
+    checkpoint = model_factory.checkpoint() if hasattr(model_factory, "checkpoint") else None
+    if checkpoint is not None:
+        return load_shard(checkpoint, tp_size, device)
+    model = model_factory().eval()
+    return autotp(model, tp_size, next(model.parameters()).dtype)
 
 
 class TargetShard:
@@ -86,21 +82,29 @@ class TargetShard:
         timeout_s: float,
         compact_fraction: float,
     ) -> dict[str, int | None]:
-        """Join the group, build the target, keep this rank's shard.
+        """Join the group and build this rank's shard of the target.
 
-        Returns the target's vocabulary size and context length (the coordinator checks prompts).
+        Returns the target's vocabulary size and context length (the coordinator checks prompts),
+        and what the shard holds: its parameter bytes, and how much its resident host memory grew
+        while loading at its peak (`load_peak_rss_bytes`; includes mapped checkpoint pages).
         """
         init_shard_group(rendezvous, placement, device, backend, timeout_s)
         self.rank = placement.rank
         self.world_size = rendezvous.world_size
         self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
-        model = model_factory().eval()
-        dtype = next(model.parameters()).dtype
-        self.model = shard_with_autotp(model, rendezvous.world_size, dtype)
+        reset_peak_rss()
+        rss_before = rss_bytes()
+        self.model = build_shard(model_factory, rendezvous.world_size, self.device)
+        load_peak_rss = peak_rss_bytes() - rss_before
         self.runner = ModelRunner(self.model, compact_fraction)
         self.side = TargetSide(self.runner)
         max_context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-        return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
+        return {
+            "vocab_size": self.runner.vocab_size,
+            "max_context": max_context,
+            "parameter_bytes": parameter_bytes(self.model),
+            "load_peak_rss_bytes": load_peak_rss,
+        }
 
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch."""

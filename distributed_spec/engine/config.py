@@ -149,7 +149,7 @@ class RunStats:
 
     @property
     def block_efficiency(self) -> float:
-        """Tokens per target call per row, counting the correction/bonus token (DESIGN.md section 4)."""
+        """Tokens per target call per row, counting the correction/bonus token (docs/design.md section 2)."""
         return self.num_tokens / max(self.num_row_iterations, 1)
 
     @property

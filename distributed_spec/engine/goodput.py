@@ -11,17 +11,20 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   row (draft forwards, the target's forward over g + 1 positions, verification, bookkeeping), measured
   online on this device: an exponential moving average per (B, g) cell (`StepCostModel`). A cell not
   measured yet is predicted from the nearest batch size that has it, scaled by the ratio of a cell
-  both batch sizes share. Steps that also fed prompt tokens are not measured (they cost more).
+  both batch sizes share. A step that also fed prompt tokens (rows joining the batch) costs more by
+  about c x B x (the longest prompt chunk): c is estimated from such steps and taken off before they
+  update their cell, so the model learns from every step, also when rows join at nearly every step.
 - E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
   position i among those that verified it (`AcceptanceEstimate`, decayed so it follows the text),
-  and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1).
+  and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1
+  and decayed every step, so a row that stopped drafting after bad luck tries again later).
   Block verification keeps a prefix, so the expected kept length is the sum of these marginals.
 - g = 0 is a plain decoding step (no draft forward at all); it wins where verification is dear
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
   row's expected tokens, and one g per step is the whole decision.
 - Exploration: a g never measured is tried first (a few steps at start-up: the probe), and every
-  `explore_every` steps the neighbour of the best g with the oldest measurement is re-measured.
+  `explore_every` steps the g (other than the best) with the oldest measurement is re-measured.
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
@@ -46,8 +49,26 @@ class StepCostModel:
     def __init__(self, smoothing: float = 0.2) -> None:
         self.smoothing = smoothing
         self.cells: dict[tuple[int, int], _Cell] = {}
+        # Seconds per (row x prompt-chunk token) that a step feeding prompts costs on top of its cell.
+        self.prefill_seconds_per_token: float | None = None
 
-    def observe(self, num_rows: int, gamma: int, seconds: float, step: int) -> None:
+    def observe(self, num_rows: int, gamma: int, seconds: float, step: int, num_prefill_slots: int = 0) -> None:
+        """A step's wall clock; num_prefill_slots = B x the longest prompt chunk it fed (0: none)."""
+        if num_prefill_slots:
+            cell = self.cells.get((num_rows, gamma))
+            if cell is not None:
+                per_token = max(seconds - cell.seconds, 0.0) / num_prefill_slots
+                if self.prefill_seconds_per_token is None:
+                    self.prefill_seconds_per_token = per_token
+                else:
+                    self.prefill_seconds_per_token += self.smoothing * (per_token - self.prefill_seconds_per_token)
+                return
+            if self.prefill_seconds_per_token is None:
+                return
+            seconds = max(seconds - self.prefill_seconds_per_token * num_prefill_slots, 0.0)
+        self._update(num_rows, gamma, seconds, step)
+
+    def _update(self, num_rows: int, gamma: int, seconds: float, step: int) -> None:
         cell = self.cells.get((num_rows, gamma))
         if cell is None:
             self.cells[(num_rows, gamma)] = _Cell(seconds, 1, step)
@@ -114,9 +135,15 @@ class RowAcceptance:
     num_predicted: float = 0.0
     # Pseudo-tokens pulling the row's factor towards 1 while it has little history.
     shrinkage: float = 4.0
+    # Per step, old evidence fades: a row at g = 0 gathers none, so its factor drifts back to 1.
+    decay: float = 0.9
 
     def factor(self) -> float:
         return (self.num_accepted + self.shrinkage) / (self.num_predicted + self.shrinkage)
+
+    def observe(self, num_accepted: int, num_predicted: float) -> None:
+        self.num_accepted = self.decay * self.num_accepted + num_accepted
+        self.num_predicted = self.decay * self.num_predicted + num_predicted
 
 
 @dataclass
@@ -175,9 +202,9 @@ class GoodputPolicy:
         best = max(candidates, key=lambda gamma: (scores[gamma], -gamma))
         self.best = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
-            neighbours = [gamma for gamma in (best - 1, best + 1) if gamma in candidates]
-            if neighbours:
-                return min(neighbours, key=self._last_measured(num_rows))
+            others = [gamma for gamma in candidates if gamma != best]
+            if others:
+                return min(others, key=self._last_measured(num_rows))
         return best
 
     def _last_measured(self, num_rows: int):
@@ -187,9 +214,9 @@ class GoodputPolicy:
 
         return key
 
-    def observe_step(self, num_rows: int, gamma: int, seconds: float) -> None:
-        """Wall-clock seconds of a step that fed no prompt tokens."""
-        self.cost.observe(num_rows, gamma, seconds, self.num_steps)
+    def observe_step(self, num_rows: int, gamma: int, seconds: float, num_prefill_slots: int = 0) -> None:
+        """Wall-clock seconds of a step; num_prefill_slots = B x the longest prompt chunk it fed."""
+        self.cost.observe(num_rows, gamma, seconds, self.num_steps, num_prefill_slots)
 
     def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
         self.acceptance.observe(num_draft_tokens, accepted_counts)

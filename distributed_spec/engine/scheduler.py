@@ -178,6 +178,7 @@ class Scheduler:
         config = self.config
         chunk = config.prefill_chunk_tokens
         decoding = [chunk is None or request.num_prompt_left <= chunk for request in rows]
+        prefill = [request.num_prompt_left if chunk is None else min(chunk, request.num_prompt_left) for request in rows]
         max_drafts = [max(request.remaining - 1, 0) for request in rows]
         if not config.uses_draft:
             row_gammas = [0] * len(rows)
@@ -214,6 +215,7 @@ class Scheduler:
             eta=eta,
             u=u,
             prefill_chunk_tokens=chunk,
+            max_prefill_tokens=max(prefill, default=0),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
         )
 
@@ -255,8 +257,7 @@ class Scheduler:
             request.stats.num_iterations += 1
             request.stats.num_accepted += tau
             if self.goodput is not None:
-                request.acceptance.num_accepted += tau
-                request.acceptance.num_predicted += self.goodput.predicted_accepted(num_drafts)
+                request.acceptance.observe(tau, self.goodput.predicted_accepted(num_drafts))
             if self.config.gamma_schedule == "adaptive":
                 request.draft_len = next_draft_length(request.draft_len, tau, num_drafts, self.config.max_gamma)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
@@ -284,5 +285,4 @@ class Scheduler:
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
-        if all(decoding) and not plan.new_prompts:
-            self.goodput.observe_step(len(rows), plan.gamma, seconds)
+        self.goodput.observe_step(len(rows), plan.gamma, seconds, len(rows) * plan.max_prefill_tokens)

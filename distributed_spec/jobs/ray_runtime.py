@@ -13,6 +13,7 @@ from pathlib import Path
 from distributed_spec.config import ConfigError, JobConfig, ModelConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
+from distributed_spec.distributed.group import LoadTimeoutError
 from distributed_spec.jobs.local_runtime import SchedulerGenerator, engine_config, eos_ids, model_spec
 from distributed_spec.models import ModelSpec
 
@@ -86,6 +87,10 @@ class RayGenerator(SchedulerGenerator):
         except ValueError as err:
             self.coordinator.close()
             raise ConfigError(f"parallel/model: {err}") from err
+        except LoadTimeoutError as err:
+            # One clear line naming the setting, not a traceback.
+            self.coordinator.close()
+            raise ConfigError(str(err)) from err
         contexts = [
             context for context in (job.model.max_context_len, self.coordinator.actors.max_context) if context
         ]

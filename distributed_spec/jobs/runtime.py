@@ -5,7 +5,7 @@ stream of prompts with continuous batching and yields each as it finishes. `para
 `parallel.runtime=ray` the Ray coordinator (distributed_spec/distributed/); both are imported
 lazily, so a missing runtime fails with a clear message only when it is asked for.
 
-Terms as in DESIGN.md: a target call verifies one draft block of up to g tokens; it keeps an
+Terms as in docs/design.md: a target call verifies one draft block of up to g tokens; it keeps an
 accepted prefix and emits one correction or bonus token; block efficiency = tokens per target call.
 """
 

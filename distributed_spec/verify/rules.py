@@ -11,7 +11,7 @@ Terms, used exactly so in this package:
 
 Every rule takes the same arguments and the randomness as explicit uniforms, so a rule is a pure
 function: the same uniforms give the same result on every tensor-parallel rank, in the Triton
-kernel and in the vocabulary-parallel path. Block verification (DESIGN.md section 1):
+kernel and in the vocabulary-parallel path. Block verification (docs/design.md section 1):
 
     r_0 = 1,  r_i = min(1, r_{i-1} p_i(X_i) / q_i(X_i))
     Z_i = sum_x max(r_i p_{i+1}(x) - q_{i+1}(x), 0)             i < n

@@ -1,7 +1,7 @@
 """Logits to probabilities, and sampling with explicit uniforms.
 
 The same warping (temperature, top-k, top-p) is applied to draft and target logits, so the
-losslessness guarantee holds with respect to the warped target distribution (DESIGN.md section 1).
+losslessness guarantee holds with respect to the warped target distribution (docs/design.md section 1).
 Sampling is by inverse CDF from explicit uniforms: the same uniforms give the same token on every
 tensor-parallel rank and in every implementation of the verifier.
 """
