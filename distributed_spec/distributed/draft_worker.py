@@ -130,6 +130,7 @@ class DraftWorker:
         self.decoding = request.decoding.to(self.device)
         if request.gamma == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
+            self.side.catch_up()
             return None, None
         if usable is not None:
             self.draft_ids = usable.draft_ids

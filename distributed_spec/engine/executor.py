@@ -193,6 +193,9 @@ class LocalExecutor:
             num_draft_tokens = torch.minimum(num_draft_tokens, num_drafted)
         else:
             draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
+            if self.draft is not None:
+                with watch.section("draft"):
+                    self.draft.catch_up()
         with watch.section("target"):
             target_logits = self.target.score(draft_ids, decoding, plan.prefill_chunk_tokens)
         with watch.section("verify"):

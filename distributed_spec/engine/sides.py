@@ -158,6 +158,26 @@ class DraftSide:
             self.pending_mask = torch.stack([kept_last.long(), torch.ones_like(next_tokens)], dim=1)
         self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
 
+    def catch_up(self, max_pending: int = 8) -> bool:
+        """In a step without a draft: feed the draft what it lags behind (staged prompts, pending
+        tokens but each row's Y) in one forward, when a row has staged prompt tokens or the pending
+        input is longer than max_pending. Keeps the next drafting step as cheap as any other, instead
+        of paying for every token since the draft last ran. Returns whether it ran."""
+        if not any(self.runner.num_staged_tokens()) and self.pending_ids.shape[1] <= max_pending:
+            return False
+        if self.runner.batch_size == 0:
+            return False
+        columns = torch.arange(self.pending_mask.shape[1], device=self.device)
+        # Each row's last real pending token is its Y: it stays pending (the next proposal feeds it).
+        last = (self.pending_mask * (columns + 1)).argmax(dim=1)  # [B]
+        input_mask = self.pending_mask.clone()
+        input_mask.scatter_(1, last[:, None], 0)
+        self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)
+        # Roll back nothing: every fed token is kept; only Y is pending now.
+        self.pending_ids = self.last_ids[:, None].clone()
+        self.pending_mask = torch.ones_like(self.pending_ids)
+        return True
+
     def _trim_pending(self) -> None:
         """Drop leading columns that no row uses (the pending input grows by one per autoregressive step)."""
         used = self.pending_mask.any(dim=0)
