@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.engine.steps import propose
+from distributed_spec.engine.steps import commit_draft, commit_target, propose, score
 from distributed_spec.verify import SamplingParams
 
 
@@ -55,9 +55,7 @@ class TargetSide:
         Returns:
             target_logits: [B, g+1, V] (meaningless for rows not decoding).
         """
-        input_ids = torch.cat([self.last_ids[:, None], draft_ids.to(self.device)], dim=1)  # [B, g+1]
-        input_mask = decoding.to(self.device)[:, None].expand_as(input_ids).long()
-        return self.runner.forward_tokens(input_ids, input_mask, max_staged=max_staged)
+        return score(self.runner, self.last_ids, draft_ids.to(self.device), decoding.to(self.device), max_staged)
 
     def commit(
         self, accepted_counts: torch.Tensor, next_tokens: torch.Tensor, decoding: torch.Tensor, gamma: int
@@ -68,8 +66,7 @@ class TargetSide:
             accepted_counts: [B] tau; next_tokens: [B] Y'; decoding: [B] bool.
         """
         decoding = decoding.to(self.device)
-        num_kept = torch.where(decoding, accepted_counts.to(self.device) + 1, 0)
-        self.runner.rollback(num_kept, gamma + 1)
+        commit_target(self.runner, accepted_counts.to(self.device), gamma, decoding)
         self.last_ids = torch.where(decoding, next_tokens.to(self.device), self.last_ids)
 
 
@@ -147,15 +144,11 @@ class DraftSide:
             self.pending_mask = torch.cat([self.pending_mask, decoding.long()[:, None]], dim=1)
             self._trim_pending()
         else:
-            accepted_counts = accepted_counts.to(self.device)
-            # The draft fed X_1..X_{g-1}: keep the accepted ones; prefilling rows keep none.
-            self.runner.rollback(torch.where(decoding, accepted_counts.clamp(max=gamma - 1), 0), gamma - 1)
-            last_draft = draft_ids[:, -1].to(self.device)
-            kept_last = decoding & (accepted_counts == gamma)
-            self.pending_ids = torch.stack(
-                [torch.where(kept_last, last_draft, 0), torch.where(decoding, next_tokens, self.last_ids)], dim=1
+            # Rows not decoding keep their Y pending.
+            pending_next = torch.where(decoding, next_tokens, self.last_ids)
+            self.pending_ids, self.pending_mask = commit_draft(
+                self.runner, draft_ids.to(self.device), accepted_counts.to(self.device), pending_next, decoding
             )
-            self.pending_mask = torch.stack([kept_last.long(), torch.ones_like(next_tokens)], dim=1)
         self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
 
     def catch_up(self, max_pending: int = 8) -> bool:

@@ -79,42 +79,69 @@ def propose(
     return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1), num_drafted
 
 
-def score(target: ModelRunner, last_ids: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
-    """The target scores the g+1 positions of the block in one forward pass.
+def score(
+    target: ModelRunner,
+    last_ids: torch.Tensor,
+    draft_ids: torch.Tensor,
+    decoding: torch.Tensor | None = None,
+    max_staged: int | None = None,
+) -> torch.Tensor:
+    """The target scores the g+1 positions of the block in one forward pass (after each row's next
+    staged prompt chunk, if any).
 
     Args:
         last_ids: [B] Y, the last kept token of each row (not yet in the target's cache).
         draft_ids: [B, g] (g may be 0: plain autoregressive decoding).
+        decoding: [B] bool, rows whose block is fed (others feed their prompt chunk only); None: all.
+        max_staged: staged prompt tokens fed per row at most (None: all).
     Returns:
         target_logits: [B, g+1, V] (unwarped; `verify_logits` warps them, or a fused kernel does).
     """
     input_ids = torch.cat([last_ids[:, None], draft_ids], dim=1)  # [B, g+1]
-    return target.forward_tokens(input_ids)
+    input_mask = None if decoding is None else decoding[:, None].expand_as(input_ids).long()
+    return target.forward_tokens(input_ids, input_mask, max_staged=max_staged)
 
 
-def commit_target(target: ModelRunner, accepted_counts: torch.Tensor, gamma: int) -> None:
+def commit_target(
+    target: ModelRunner, accepted_counts: torch.Tensor, gamma: int, decoding: torch.Tensor | None = None
+) -> None:
     """Roll the target's cache back to the kept prefix: keep Y and the tau accepted drafts.
 
     Args:
         accepted_counts: [B] long tau in [0, g].
+        decoding: [B] bool; rows not decoding keep none of the g+1 slots; None: all decode.
     """
-    target.rollback(accepted_counts + 1, gamma + 1)
+    num_kept = accepted_counts + 1
+    if decoding is not None:
+        num_kept = torch.where(decoding, num_kept, 0)
+    target.rollback(num_kept, gamma + 1)
 
 
 def commit_draft(
-    draft: ModelRunner, draft_ids: torch.Tensor, accepted_counts: torch.Tensor, next_tokens: torch.Tensor
+    draft: ModelRunner,
+    draft_ids: torch.Tensor,
+    accepted_counts: torch.Tensor,
+    next_tokens: torch.Tensor,
+    decoding: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Roll the draft's cache back to the kept prefix and build its next pending input.
 
     Args:
-        draft_ids: [B, g]; accepted_counts: [B] tau; next_tokens: [B] Y'.
+        draft_ids: [B, g]; accepted_counts: [B] tau; next_tokens: [B] Y' (for a row not decoding:
+            its unchanged Y); decoding: [B] bool, rows not decoding keep none of the draft's slots;
+            None: all decode.
     Returns:
         draft_input_ids [B, 2] = [X_g, Y'], draft_input_mask [B, 2] = [tau == g, 1].
     """
     gamma = draft_ids.shape[1]
-    draft.rollback(accepted_counts.clamp(max=gamma - 1), gamma - 1)
+    num_kept = accepted_counts.clamp(max=gamma - 1)
+    kept_last = accepted_counts == gamma
+    if decoding is not None:
+        num_kept = torch.where(decoding, num_kept, 0)
+        kept_last = kept_last & decoding
+    draft.rollback(num_kept, gamma - 1)
     draft_input_ids = torch.stack([draft_ids[:, -1], next_tokens], dim=1)
-    draft_input_mask = torch.stack([(accepted_counts == gamma).long(), torch.ones_like(next_tokens)], dim=1)
+    draft_input_mask = torch.stack([kept_last.long(), torch.ones_like(next_tokens)], dim=1)
     return draft_input_ids, draft_input_mask
 
 
