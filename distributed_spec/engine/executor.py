@@ -46,8 +46,8 @@ class StepPlan:
     u: torch.Tensor
     # Prompt tokens the target feeds per row at most in this step (engine.prefill_chunk_tokens).
     prefill_chunk_tokens: int | None = None
-    # Prompt tokens of the longest chunk fed in this step (0: no row is taking in its prompt).
-    max_prefill_tokens: int = 0
+    # Prompt tokens fed in this step, all rows together (0: no row is taking in its prompt).
+    num_prefill_tokens: int = 0
     # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
     next_gamma_guess: int = 0
 

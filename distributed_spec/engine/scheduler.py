@@ -215,7 +215,7 @@ class Scheduler:
             eta=eta,
             u=u,
             prefill_chunk_tokens=chunk,
-            max_prefill_tokens=max(prefill, default=0),
+            num_prefill_tokens=sum(prefill),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
         )
 
@@ -285,4 +285,4 @@ class Scheduler:
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
-        self.goodput.observe_step(len(rows), plan.gamma, seconds, len(rows) * plan.max_prefill_tokens)
+        self.goodput.observe_step(len(rows), plan.gamma, seconds, plan.num_prefill_tokens)
