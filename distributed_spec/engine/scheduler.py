@@ -178,10 +178,6 @@ class Scheduler:
         """(Re)join the batch: the executor gets prompt + output; all but its last token are staged."""
         if request.sampling is None:
             request.sampling = self.config.sampling
-        if self.config.method == "greedy" and not request.sampling.is_greedy:
-            raise ValueError(
-                f"request {request.key!r}: the greedy verifier needs temperature 0, got {request.sampling.temperature}"
-            )
         self._stop_checker(request)
         request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
         if not request.draft_len:
