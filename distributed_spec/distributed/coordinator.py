@@ -293,6 +293,7 @@ class RayCoordinator:
             num_draft_tokens=plan.num_draft_tokens,
             eta=plan.eta,
             u=plan.u,
+            sampling=plan.sampling,
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
         # A launched draft sits idle while the method needs none (the autoregressive baseline).
@@ -304,6 +305,7 @@ class RayCoordinator:
                 decoding=plan.decoding,
                 gamma=plan.gamma,
                 draft_uniforms=plan.draft_uniforms,
+                sampling=plan.sampling,
             )
             verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
         if draft is None or plan.gamma == 0:
@@ -418,7 +420,6 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSe
     )
     return DecodeSettings(
         method=config.method,
-        sampling=config.sampling,
         wire=wire,
         draft_confidence_threshold=config.draft_confidence_threshold,
     )

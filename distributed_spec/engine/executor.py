@@ -23,7 +23,7 @@ import torch
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
 from distributed_spec.engine.steps import sample_autoregressive
-from distributed_spec.verify import SamplingParams, VerifyUniforms, verify_logits
+from distributed_spec.verify import RowSampling, VerifyUniforms, verify_logits
 
 
 @dataclass
@@ -44,6 +44,8 @@ class StepPlan:
     draft_uniforms: torch.Tensor
     eta: torch.Tensor
     u: torch.Tensor
+    # Each row's sampling settings (its request's): draft and target warp row b with rows[b].
+    sampling: RowSampling
     # Prompt tokens the target feeds per row at most in this step (engine.prefill_chunk_tokens).
     prefill_chunk_tokens: int | None = None
     # Prompt tokens fed in this step, all rows together (0: no row is taking in its prompt).
@@ -83,9 +85,9 @@ class StepOutcome:
 class DecodeOptions:
     """How the models' outputs are turned into tokens; fixed for a run."""
 
-    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft).
+    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft). Sampling settings are
+    # per row and come with each step (StepPlan.sampling).
     method: str
-    sampling: SamplingParams
     draft_confidence_threshold: float = 0.0
 
 
@@ -126,7 +128,7 @@ class _Stopwatch:
 
 def verify_step(
     method: str,
-    sampling: SamplingParams,
+    sampling: RowSampling,
     draft_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
@@ -138,7 +140,7 @@ def verify_step(
 
     Args:
         draft_ids: [B, g]; draft_probs: [B, g, V] (None when g = 0); target_logits: [B, g+1, V];
-        num_draft_tokens: [B]; eta: [B, >= g] float64; u: [B] float64.
+        num_draft_tokens: [B]; eta: [B, >= g] float64; u: [B] float64; sampling: each row's settings.
     Returns:
         accepted_counts [B] long, next_tokens [B] long.
     """
@@ -184,7 +186,7 @@ class LocalExecutor:
             with watch.section("draft"):
                 draft_ids, draft_probs, num_drafted = self.draft.propose(
                     plan.gamma,
-                    options.sampling,
+                    plan.sampling,
                     plan.draft_uniforms,
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
@@ -201,7 +203,7 @@ class LocalExecutor:
         with watch.section("verify"):
             accepted_counts, next_tokens = verify_step(
                 options.method,
-                options.sampling,
+                plan.sampling,
                 draft_ids,
                 draft_probs,
                 target_logits,

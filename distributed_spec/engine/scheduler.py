@@ -17,6 +17,8 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
    its batch (up to floating-point ties) under any schedule that depends on the row's own history
    ("constant", "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
+   Each row also has its own sampling settings (temperature, top-k, top-p) and stop strings, the
+   engine's unless its request sets them; the plan carries them to the executor row by row.
 4. the executor runs the step (executor.py); the scheduler appends tau accepted drafts + Y per row,
    finishes rows (EOS, stop string, budget) and yields them, updates statistics and the schedule.
 If the executor lost its batch (the Ray runtime restarted after a fault: `BatchLost`), every running
@@ -40,6 +42,7 @@ from distributed_spec.engine.draft_length import next_draft_length
 from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan
 from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
 from distributed_spec.engine.stopping import StopChecker
+from distributed_spec.verify import RowSampling, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,9 @@ class Request:
     budget: int
     # Seeds this request's own torch.Generator (all its uniforms).
     seed: int
+    # Its own sampling settings and stop strings; None: the engine's (EngineConfig).
+    sampling: SamplingParams | None = None
+    stop_strings: tuple[str, ...] | None = None
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
@@ -95,7 +101,9 @@ class Scheduler:
             raise ValueError("sampling.stop needs a tokenizer: pass tokenizer= or clear the stop strings")
         self.config = config
         self.executor = executor
-        self.stop_checker = StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)
+        self.tokenizer = tokenizer
+        # One checker per distinct set of stop strings (the engine's, and the requests' own).
+        self.stop_checkers = {config.stop_strings: StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)}
         self.goodput = (
             GoodputPolicy(config.max_gamma) if config.uses_draft and config.gamma_schedule == "goodput" else None
         )
@@ -114,9 +122,7 @@ class Scheduler:
 
     def options(self) -> DecodeOptions:
         return DecodeOptions(
-            method=self.config.method,
-            sampling=self.config.sampling,
-            draft_confidence_threshold=self.config.draft_confidence_threshold,
+            method=self.config.method, draft_confidence_threshold=self.config.draft_confidence_threshold
         )
 
     def run(self, requests: Iterable[Request]) -> Iterator[Request]:
@@ -170,9 +176,22 @@ class Scheduler:
 
     def _admit(self, request: Request) -> None:
         """(Re)join the batch: the executor gets prompt + output; all but its last token are staged."""
+        if request.sampling is None:
+            request.sampling = self.config.sampling
+        self._stop_checker(request)
         request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
         if not request.draft_len:
             request.draft_len = self.config.gamma
+
+    def _stop_checker(self, request: Request) -> StopChecker:
+        stop_strings = self.config.stop_strings if request.stop_strings is None else request.stop_strings
+        checker = self.stop_checkers.get(stop_strings)
+        if checker is None:
+            if stop_strings and self.tokenizer is None:
+                raise ValueError(f"request {request.key!r} has stop strings, which need a tokenizer: pass tokenizer=")
+            checker = StopChecker(self.config.eos_token_ids, stop_strings, self.tokenizer)
+            self.stop_checkers[stop_strings] = checker
+        return checker
 
     def _plan(self, rows: list[Request], keep_rows: torch.Tensor | None, joining: list[Request]) -> StepPlan:
         config = self.config
@@ -214,6 +233,7 @@ class Scheduler:
             draft_uniforms=draft_uniforms,
             eta=eta,
             u=u,
+            sampling=RowSampling(tuple(request.sampling for request in rows)),
             prefill_chunk_tokens=chunk,
             num_prefill_tokens=sum(prefill),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
@@ -262,7 +282,7 @@ class Scheduler:
                 request.draft_len = next_draft_length(request.draft_len, tau, num_drafts, self.config.max_gamma)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
             num_before = len(request.output)
-            request.finish_reason = self.stop_checker.append(request.output, emitted, request.budget)
+            request.finish_reason = self._stop_checker(request).append(request.output, emitted, request.budget)
             stats.num_tokens += len(request.output) - num_before
             if request.finish_reason is not None:
                 request.stats.num_tokens = len(request.output)

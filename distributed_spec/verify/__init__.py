@@ -24,12 +24,20 @@ from distributed_spec.verify.rules import (
     verify_greedy,
     verify_token,
 )
-from distributed_spec.verify.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from distributed_spec.verify.sampling import (
+    RowSampling,
+    Sampling,
+    SamplingParams,
+    logits_to_probs,
+    sample_from_probs,
+)
 
 __all__ = [
     "VERIFY_METHODS",
     "MultiPathUniforms",
     "MultiPathVerifyOutput",
+    "RowSampling",
+    "Sampling",
     "SamplingParams",
     "VerifyOutput",
     "VerifyUniforms",
