@@ -110,6 +110,8 @@ class Scheduler:
         self.stats = self._new_stats()
         # Tests: called with the step index after each step (e.g. to kill a shard).
         self.on_step = None
+        # The clock that times steps for the goodput schedule (tests give a deterministic one).
+        self.clock = time.perf_counter
 
     def _new_stats(self) -> RunStats:
         gamma_limit = self.config.gamma_limit
@@ -149,7 +151,7 @@ class Scheduler:
                 rows = running + joining
                 if not rows:
                     break
-                step_start = time.perf_counter()
+                step_start = self.clock()
                 states = [request.generator.get_state() for request in rows]
                 plan = self._plan(rows, keep_rows, joining)
                 try:
@@ -165,7 +167,7 @@ class Scheduler:
                 keep = [index for index, request in enumerate(rows) if request.finish_reason is None]
                 keep_rows = None if len(keep) == len(rows) else torch.tensor(keep, dtype=torch.long)
                 running, joining = [rows[index] for index in keep], []
-                self._observe(rows, plan, outcome, time.perf_counter() - step_start)
+                self._observe(rows, plan, outcome, self.clock() - step_start)
                 if self.on_step is not None:
                     self.on_step(self.stats.num_target_calls)
                 yield from finished
