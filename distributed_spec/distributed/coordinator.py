@@ -27,7 +27,8 @@ its random stream rewound, so the output is unchanged; at most parallel.max_rest
 ordinary error inside an actor (a bad number, out of memory) is not a machine fault: it is raised as
 itself, without reloading any model.
 Shutdown: `close()` (also from the context manager, Ctrl-C, SIGTERM and interpreter exit) kills
-every actor and removes the placement group.
+every actor and removes the placement group. SIGTERM is turned into SystemExit from the first
+`start()` on (not only under `with`) until `close()`.
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ class RayCoordinator:
             local = {} if self.runtime.ray_address else {"num_cpus": local_num_cpus(self.runtime)}
             ray.init(address=self.runtime.ray_address, include_dashboard=False, log_to_driver=True, **local)
             self._started_ray = True
+        # From the first start on, whoever started it (a `with` block or the job's RayGenerator):
+        # after ray.init, which installs its own SIGTERM handler.
+        self._install_signal_handlers()
         if self.actors is None:
             self.actors = launch(
                 self.runtime,
@@ -181,18 +185,20 @@ class RayCoordinator:
         atexit.unregister(self.close)
 
     def __enter__(self) -> RayCoordinator:
-        self._install_signal_handlers()
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM becomes SystemExit, so the context manager's close() runs (SIGINT already raises)."""
-        if threading.current_thread() is not threading.main_thread():
+        """SIGTERM becomes SystemExit(143), so every `finally` and `with` up the stack runs (outputs
+        are flushed) and close() kills the actors; SIGINT already raises KeyboardInterrupt."""
+        if threading.current_thread() is not threading.main_thread() or self._previous_handlers:
             return
 
         def _terminate(signum, frame) -> None:
+            # A second SIGTERM (schedulers repeat theirs) must not cut the teardown short: SIGKILL will.
+            signal.signal(signum, signal.SIG_IGN)
             raise SystemExit(128 + signum)
 
         self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
