@@ -24,8 +24,11 @@ as RayActorError; a hung group after parallel.step_timeout_s, as a StepTimeout).
 then tears the whole runtime down, launches a new one (new placement group, new port) and raises
 BatchLost: the scheduler re-admits every unfinished row with prompt + the tokens it already has,
 its random stream rewound, so the output is unchanged; at most parallel.max_restarts times. An
-ordinary error inside an actor (a bad number, out of memory) is not a machine fault: it is raised as
-itself, without reloading any model.
+ordinary error inside an actor (a bad number, out of memory) is not a machine fault: once the step's
+other calls have ended it is raised as itself, without reloading any model (the job makes it the
+record's error; the scheduler first retries out-of-memory at half the rows). Only if a rank is
+still inside the step after parallel.step_timeout_s (stuck in a collective a failed peer left) is
+the group relaunched before the error is raised.
 Shutdown: `close()` (also from the context manager, Ctrl-C, SIGTERM and interpreter exit) kills
 every actor and removes the placement group. SIGTERM is turned into SystemExit from the first
 `start()` on (not only under `with`) until `close()`.
@@ -275,19 +278,32 @@ class RayCoordinator:
                 self._restart(error)
 
     def execute(self, plan: StepPlan) -> StepOutcome:
-        """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost."""
+        """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost; an actor's
+        own exception is raised as itself (the scheduler retries out-of-memory at half the rows)."""
+        self._step_refs: list[ray.ObjectRef] = []
         try:
             return self._execute(plan)
         except ray.exceptions.RayTaskError as error:
             if not isinstance(getattr(error, "cause", None), FAULT_ERRORS):
-                # The actor's own exception (bad numbers, out of memory): the step's error, not a fault.
-                raise error.as_instanceof_cause() from None
+                # The actor's own exception (bad numbers, out of memory): the step's error, not a fault,
+                # so the models stay loaded, unless a rank is left stuck in the step (a collective
+                # its peer never joined): then the group is relaunched first.
+                if not self._settle(self._step_refs):
+                    self._restart(error)
+                logger.warning("a step failed inside an actor: %s", error)  # the remote traceback
+                # The actor's exception as it was raised there (its record's error reads "ValueError: ...").
+                raise (error.cause if isinstance(error.cause, Exception) else error.as_instanceof_cause()) from None
             # A task whose input came from a dead actor: a fault.
             fault: BaseException = error
         except FAULT_ERRORS as error:
             fault = error
         self._restart(fault)
         raise BatchLost(f"the runtime was relaunched after {fault!r}") from fault
+
+    def _settle(self, refs: list[ray.ObjectRef]) -> bool:
+        """Wait up to parallel.step_timeout_s for the failed step's other calls; False if one hangs."""
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.runtime.step_timeout_s)
+        return not pending
 
     def _execute(self, plan: StepPlan) -> StepOutcome:
         actors = self.actors
@@ -328,6 +344,7 @@ class RayCoordinator:
             if self.runtime.overlap and plan.gamma > 0 and plan.next_gamma_guess > 0 and same_rows:
                 draft.propose_ahead.remote(plan.next_gamma_guess)
             draft.commit.remote(result_refs[0])
+        self._step_refs = result_refs
         submitted = time.perf_counter()
         # The first step also runs the staged prompts through both models: it gets the load timeout.
         timeout_s = self.runtime.load_timeout_s if self._first_step else self.runtime.step_timeout_s

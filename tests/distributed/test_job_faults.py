@@ -144,7 +144,9 @@ def test_sigterm_mid_job_exits_cleanly_and_resume_completes(ray_cluster, job_inp
     _resume_and_check(args, out, reference)
 
 
-def test_sigkill_mid_job_then_resume_completes_and_clears_dev_shm(ray_cluster, job_inputs, reference, tmp_path):
+def test_sigkill_mid_job_then_resume_completes_and_clears_dev_shm(
+    ray_cluster, job_inputs, reference, tmp_path
+):
     out = tmp_path / "out"
     args = _ray_args(job_inputs, out)
     completions = out / "completions.jsonl"
