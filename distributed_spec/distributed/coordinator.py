@@ -51,7 +51,7 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
-from distributed_spec.distributed.wire import DraftBlock, WireFormat
+from distributed_spec.distributed.wire import DraftBlock, WireFormat, resolve_wire_dtype
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import BatchLost, Scheduler
@@ -265,7 +265,7 @@ class RayCoordinator:
         while True:
             try:
                 self.start()
-                settings = decode_settings(self.config, self.runtime)
+                settings = decode_settings(self.config, self.runtime, self.actors.device)
                 refs = [shard.begin.remote(settings) for shard in self.actors.shards]
                 if self.actors.draft is not None:
                     refs.append(self.actors.draft.begin.remote(settings))
@@ -433,11 +433,13 @@ class RayCoordinator:
         return ray.get(refs)
 
 
-def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSettings:
-    """The per-batch settings every actor receives when a batch starts."""
+def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig, device: str) -> DecodeSettings:
+    """The per-batch settings every actor receives when a batch starts (`device`: the shards')."""
     # Greedy verification never reads q: nothing but the draft ids needs to travel.
     wire = WireFormat(
-        dtype=runtime.wire_dtype, top_k=runtime.wire_top_k, send_probs=config.method != "greedy"
+        dtype=resolve_wire_dtype(runtime.wire_dtype, device),
+        top_k=runtime.wire_top_k,
+        send_probs=config.method != "greedy",
     )
     return DecodeSettings(
         method=config.method,

@@ -54,6 +54,8 @@ class RuntimeActors:
     # Rank order: shards[0] is rank 0.
     shards: list[ActorHandle]
     draft: ActorHandle | None
+    # The shards' device, "cpu" or "cuda" (parallel.device=auto decided).
+    device: str = "cpu"
     shard_node_ids: list[str] = field(default_factory=list)
     vocab_size: int = 0
     max_context: int | None = None
@@ -151,7 +153,9 @@ def launch(
                 .remote(num_threads=max(1, round(config.num_cpus_draft)))
             )
             draft_factory = factory_on_device(draft_factory, plan.draft_device)
-        actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
+        actors = RuntimeActors(
+            placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft, device=config.device
+        )
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
         node_ids = _get_within_load_timeout([actor.node_id.remote() for actor in actors.all_actors], config)
         actors.shard_node_ids = node_ids[: len(shards)]
