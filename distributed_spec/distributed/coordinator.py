@@ -146,6 +146,8 @@ class RayCoordinator:
         self._closed = False
         self._previous_handlers: dict[int, object] = {}
         self._num_launches = 0
+        # The calls of the step in progress (a failed step's others are waited for).
+        self._step_refs: list[ray.ObjectRef] = []
         # Tests: called with the iteration index after each iteration (e.g. to kill a shard).
         self.on_iteration: Callable[[int], None] | None = None
         atexit.register(self.close)
@@ -280,7 +282,7 @@ class RayCoordinator:
     def execute(self, plan: StepPlan) -> StepOutcome:
         """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost; an actor's
         own exception is raised as itself (the scheduler retries out-of-memory at half the rows)."""
-        self._step_refs: list[ray.ObjectRef] = []
+        self._step_refs = []
         try:
             return self._execute(plan)
         except ray.exceptions.RayTaskError as error:
