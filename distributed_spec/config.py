@@ -157,7 +157,7 @@ class ParallelConfig:
     placement_strategy: str = "STRICT_PACK"
     placement_timeout_s: float = 30.0
     # Precision and top-k sparsity (0 = dense) of the draft probabilities sent to the target shards.
-    wire_dtype: str = "float32"
+    wire_dtype: str = "auto"
     wire_top_k: int = 0
     # Draft the next block while the shards verify the current one.
     overlap: bool = False

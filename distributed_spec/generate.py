@@ -258,6 +258,15 @@ class JobRunner:
                 except _InputFailure as failure:
                     raise failure.__cause__ from None
                 except Exception as err:
+                    from distributed_spec.engine.executor import is_out_of_memory  # noqa: PLC0415 - torch
+
+                    if is_out_of_memory(err):
+                        # The scheduler already retried at half the rows: these records fail as they are.
+                        logger.warning("out of memory with %d record(s) in flight: %s", len(in_flight), err)
+                        for pending_record in in_flight.values():
+                            self._write_generation_error(pending_record, err)
+                        self._count_failure(err)
+                        continue
                     logger.warning(
                         "generation failed with %d record(s) in flight; retrying them one by one",
                         len(in_flight),
@@ -319,12 +328,7 @@ class JobRunner:
                 for _, result in self.generator.stream([self._item(pending_record)]):
                     self._write_completion(pending_record, result)
             except Exception as err:
-                reason = f"{type(err).__name__}: {err}"
-                self._write_error(
-                    record_error(pending_record.record.line, pending_record.record.id, REASON_GENERATION, reason)
-                )
-                self.metrics.num_errors += 1
-                self.progress.update(1, self.metrics)
+                self._write_generation_error(pending_record, err)
                 self._count_failure(err)
             finally:
                 self.metrics.close_stream(self.generator.stats)
@@ -334,6 +338,13 @@ class JobRunner:
         self.errors.write(error.to_json())
         if self.job.data.format == "openai_batch":
             self.completions.write(openai_batch.error_line(error))
+
+    def _write_generation_error(self, pending_record: PendingRecord, err: Exception) -> None:
+        """The record failed to generate: its error line, with the exception."""
+        record = pending_record.record
+        self._write_error(record_error(record.line, record.id, REASON_GENERATION, f"{type(err).__name__}: {err}"))
+        self.metrics.num_errors += 1
+        self.progress.update(1, self.metrics)
 
     def _count_failure(self, err: Exception) -> None:
         self.num_consecutive_failures += 1

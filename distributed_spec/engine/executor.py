@@ -107,6 +107,14 @@ class Executor(Protocol):
         ...
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device out-of-memory error: torch's OutOfMemoryError raised here, or re-raised from an actor
+    (Ray's `as_instanceof_cause` subclasses it; a cause that did not survive pickling keeps its text)."""
+    return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__) or (
+        "CUDA out of memory" in str(error)
+    )
+
+
 class _Stopwatch:
     """Accumulates wall-clock seconds per section; synchronises CUDA so times are not just launches."""
 

@@ -23,7 +23,9 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    finishes rows (EOS, stop string, budget) and yields them, updates statistics and the schedule.
 If the executor lost its batch (the Ray runtime restarted after a fault: `BatchLost`), every running
 row joins again as a new row with prompt + the tokens it already has, its generator rewound to before
-the failed step: the output is the one an uninterrupted run gives.
+the failed step: the output is the one an uninterrupted run gives. A step that runs out of device
+memory is retried the same way once per run with half its rows (the other half waits, unchanged, and
+the run goes on at that batch size); a second one is raised to the caller.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
 
 from distributed_spec.engine.config import EngineConfig, RowStats, RunStats
 from distributed_spec.engine.draft_length import next_draft_length
-from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan
+from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan, is_out_of_memory
 from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
 from distributed_spec.engine.stopping import StopChecker
 from distributed_spec.verify import RowSampling, SamplingParams
@@ -137,11 +140,12 @@ class Scheduler:
         running: list[Request] = []
         keep_rows: torch.Tensor | None = None
         joining: list[Request] = []
+        max_rows = config.max_batch_size  # halved once if a step runs out of memory
         start_time = time.perf_counter()
         try:
             while True:
                 if config.continuous_batching or not running:
-                    while not exhausted and len(running) + len(joining) < config.max_batch_size:
+                    while not exhausted and len(running) + len(joining) < max_rows:
                         request = next(source, None)
                         if request is None:
                             exhausted = True
@@ -156,10 +160,21 @@ class Scheduler:
                 plan = self._plan(rows, keep_rows, joining)
                 try:
                     outcome = self.executor.execute(plan)
-                except BatchLost:
+                except Exception as error:
+                    out_of_memory = is_out_of_memory(error)
+                    if not isinstance(error, BatchLost) and not (
+                        out_of_memory and max_rows == config.max_batch_size and len(rows) > 1
+                    ):
+                        raise
+                    # Every row starts again from prompt + its tokens, its stream rewound: same output.
                     for request, state in zip(rows, states):
                         request.generator.set_state(state)
                         self._admit(request)
+                    if out_of_memory:
+                        max_rows = len(rows) // 2
+                        logger.warning("out of memory at %d rows; going on with %d: %s", len(rows), max_rows, error)
+                        # The other half goes back to the head of the queue.
+                        rows, source, exhausted = rows[:max_rows], chain(rows[max_rows:], source), False
                     running, joining, keep_rows = [], rows, None
                     self.executor.begin(self.options())
                     continue

@@ -84,13 +84,15 @@ class RayGenerator(SchedulerGenerator):
         self.backend = self.coordinator
         try:
             self.coordinator.start()
-        except ValueError as err:
+        except BaseException as err:
+            # Nothing owns the coordinator yet (a SIGTERM or Ctrl-C mid-load included): close it here.
             self.coordinator.close()
-            raise ConfigError(f"parallel/model: {err}") from err
-        except LoadTimeoutError as err:
-            # One clear line naming the setting, not a traceback.
-            self.coordinator.close()
-            raise ConfigError(str(err)) from err
+            if isinstance(err, ValueError):
+                raise ConfigError(f"parallel/model: {err}") from err
+            if isinstance(err, LoadTimeoutError):
+                # One clear line naming the setting, not a traceback.
+                raise ConfigError(str(err)) from err
+            raise
         contexts = [
             context for context in (job.model.max_context_len, self.coordinator.actors.max_context) if context
         ]

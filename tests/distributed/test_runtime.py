@@ -44,13 +44,6 @@ def engine_results(config: EngineConfig, prompts=PROMPTS):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tp2(ray_cluster):
     coordinator = RayCoordinator(TARGET, DRAFT, GREEDY, RUNTIME).start()
     yield coordinator
