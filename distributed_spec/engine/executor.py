@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from distributed_spec.engine.proposers import combine_blocks
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
 from distributed_spec.engine.steps import sample_autoregressive
@@ -50,10 +51,22 @@ class StepPlan:
     max_prefill_tokens: int = 0
     # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
     next_gamma_guess: int = 0
+    # The n-gram proposer's blocks (proposers.py), None when it does not run: [B, w] long, each
+    # row's proposal first (zeros past it), and [B] bool, the decoding rows whose block it is.
+    ngram_ids: torch.Tensor | None = None
+    from_ngram: torch.Tensor | None = None
+    # Tokens the draft model drafts (the longest block of its own rows; 0: it does not run); None:
+    # gamma (every proposing row is the model's).
+    model_gamma: int | None = None
 
     @property
     def num_rows(self) -> int:
         return int(self.decoding.shape[0])
+
+    @property
+    def num_model_drafts(self) -> int:
+        """Tokens the draft model drafts in this step (0: it does not run)."""
+        return self.gamma if self.model_gamma is None else self.model_gamma
 
 
 @dataclass
@@ -155,7 +168,7 @@ def verify_step(
 
 
 class LocalExecutor:
-    """Both models in this process: a TargetSide and (unless autoregressive) a DraftSide."""
+    """Both models in this process: a TargetSide and (unless no draft model runs) a DraftSide."""
 
     def __init__(self, target_runner: ModelRunner, draft_runner: ModelRunner | None) -> None:
         self.target = TargetSide(target_runner)
@@ -179,23 +192,35 @@ class LocalExecutor:
             self.draft.update_rows(plan.keep_rows, plan.new_prompts)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
+        draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
         draft_probs = None
-        if plan.gamma > 0:
+        num_model_drafts = plan.num_model_drafts
+        if num_model_drafts > 0:
             with watch.section("draft"):
                 draft_ids, draft_probs, num_drafted = self.draft.propose(
-                    plan.gamma,
+                    num_model_drafts,
                     options.sampling,
-                    plan.draft_uniforms,
+                    plan.draft_uniforms[:, :num_model_drafts],
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
                 )
             # A confidence stop may end the block early: g' <= gamma columns, n[b] <= g' per row.
+            num_drafted = num_drafted.to(self.device)
+            if plan.from_ngram is not None:
+                num_drafted = torch.where(plan.from_ngram.to(self.device), num_draft_tokens, num_drafted)
             num_draft_tokens = torch.minimum(num_draft_tokens, num_drafted)
-        else:
-            draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
-            if self.draft is not None:
-                with watch.section("draft"):
-                    self.draft.catch_up()
+            num_model_drafts = draft_ids.shape[1]
+        elif self.draft is not None:
+            with watch.section("draft"):
+                self.draft.catch_up()
+        if plan.from_ngram is not None and plan.gamma > 0:
+            draft_ids, draft_probs = combine_blocks(
+                plan.ngram_ids.to(self.device),
+                plan.from_ngram,
+                draft_ids if num_model_drafts > 0 else None,
+                draft_probs,
+                self.vocab_size,
+            )
         with watch.section("target"):
             target_logits = self.target.score(draft_ids, decoding, plan.prefill_chunk_tokens)
         with watch.section("verify"):
@@ -211,7 +236,9 @@ class LocalExecutor:
             )
             self.target.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
             if self.draft is not None:
-                self.draft.commit(draft_ids, accepted_counts, next_tokens, decoding)
+                self.draft.commit(
+                    draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
+                )
         return StepOutcome(
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),
