@@ -161,7 +161,9 @@ class RunStats:
     num_accepted_per_position: list[int] = field(default_factory=list)
     # [g_limit + 1] steps that drafted g tokens per row, g = 0 (no draft) .. g_limit.
     num_steps_per_draft_len: list[int] = field(default_factory=list)
-    # Runtime-specific additive counters (the Ray runtime's transfer time, wire bytes, restarts).
+    # Additive counters: the runtime's own (the Ray runtime's transfer time, wire bytes, restarts) and
+    # the proposers' ("proposer/rows_ngram", "proposer/accepted_model", ...: decoding rows whose
+    # block came from each proposer, or none; drafts verified and kept; steps the draft model ran).
     extra: dict[str, float] = field(default_factory=dict)
     # Wall-clock seconds: draft proposals, target scoring (prompts included), verification, and
     # everything else (cache rollback/compaction, bookkeeping, stop checks).

@@ -100,6 +100,12 @@ class DecodeOptions:
     method: str
     sampling: SamplingParams
     draft_confidence_threshold: float = 0.0
+    # What proposes the blocks (proposers.py): "model", "ngram" or "model+ngram".
+    proposer: str = "model"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method != "autoregressive" and self.proposer != "ngram"
 
 
 class Executor(Protocol):
@@ -183,13 +189,16 @@ class LocalExecutor:
         self.target.reset()
         if self.draft is not None:
             self.draft.reset()
+        # A loaded draft sits idle while the run needs none (the baseline, n-gram blocks).
+        self.active_draft = self.draft if options.uses_draft_model else None
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         options = self.options
         watch = _Stopwatch(self.device)
+        draft = self.active_draft
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
-        if self.draft is not None:
-            self.draft.update_rows(plan.keep_rows, plan.new_prompts)
+        if draft is not None:
+            draft.update_rows(plan.keep_rows, plan.new_prompts)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
         draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
@@ -197,7 +206,7 @@ class LocalExecutor:
         num_model_drafts = plan.num_model_drafts
         if num_model_drafts > 0:
             with watch.section("draft"):
-                draft_ids, draft_probs, num_drafted = self.draft.propose(
+                draft_ids, draft_probs, num_drafted = draft.propose(
                     num_model_drafts,
                     options.sampling,
                     plan.draft_uniforms[:, :num_model_drafts],
@@ -210,9 +219,9 @@ class LocalExecutor:
                 num_drafted = torch.where(plan.from_ngram.to(self.device), num_draft_tokens, num_drafted)
             num_draft_tokens = torch.minimum(num_draft_tokens, num_drafted)
             num_model_drafts = draft_ids.shape[1]
-        elif self.draft is not None:
+        elif draft is not None:
             with watch.section("draft"):
-                self.draft.catch_up()
+                draft.catch_up()
         if plan.from_ngram is not None and plan.gamma > 0:
             draft_ids, draft_probs = combine_blocks(
                 plan.ngram_ids.to(self.device),
@@ -235,8 +244,8 @@ class LocalExecutor:
                 plan.u,
             )
             self.target.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
-            if self.draft is not None:
-                self.draft.commit(
+            if draft is not None:
+                draft.commit(
                     draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
                 )
         return StepOutcome(
@@ -248,6 +257,6 @@ class LocalExecutor:
             draft_s=watch.seconds.get("draft", 0.0),
             target_s=watch.seconds.get("target", 0.0),
             verify_s=watch.seconds.get("verify", 0.0),
-            num_draft_calls=self.draft.runner.num_forward_calls if self.draft is not None else 0,
+            num_draft_calls=draft.runner.num_forward_calls if draft is not None else 0,
             num_target_calls=self.target.runner.num_forward_calls,
         )

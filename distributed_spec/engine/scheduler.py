@@ -120,6 +120,7 @@ class Scheduler:
             method=self.config.method,
             sampling=self.config.sampling,
             draft_confidence_threshold=self.config.draft_confidence_threshold,
+            proposer=self.config.proposer,
         )
 
     def run(self, requests: Iterable[Request]) -> Iterator[Request]:
