@@ -172,3 +172,54 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, gamma_sch
     assert {from_ngram for from_ngram, _ in checked} == {False, True}
     assert any(kept_in_model_step for _, kept_in_model_step in checked)
     assert scheduler.stats.extra["proposer/model_steps"] < scheduler.stats.num_target_calls
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
+def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, proposer):
+    """The goodput schedule is offered, per row, no more drafts than its n-gram proposal holds (none
+    without a match under "ngram"), and no row verifies more than that."""
+    from distributed_spec.engine.ngram import lookup
+    from distributed_spec.engine.speculative import build_requests
+
+    target, draft = tiny_pair
+    config = EngineConfig(
+        method="block", gamma_schedule="goodput", max_gamma=4, proposer=proposer, sampling=GREEDY,
+        max_new_tokens=MAX_NEW_TOKENS, max_batch_size=3,
+    )
+    engine = SpeculativeEngine(target, draft if proposer == "model+ngram" else None, config)
+    scheduler = engine.scheduler()
+    offered, planned = [], []
+    choose_step = scheduler.goodput.choose_step
+    original_plan = scheduler._plan
+
+    def recording_choose(rows, num_rows):
+        offered.append([limit for limit, _ in rows])
+        return choose_step(rows, num_rows)
+
+    def recording_plan(rows, keep_rows, joining):
+        plan = original_plan(rows, keep_rows, joining)
+        proposals = [
+            lookup(request.prompt_ids + request.output, min(request.remaining - 1, 4), 1, 3) for request in rows
+        ]
+        decoding = plan.decoding.tolist()
+        limits = [
+            (len(tokens) if tokens or proposer == "ngram" else min(request.remaining - 1, 4))
+            for tokens, request, on in zip(proposals, rows, decoding) if on
+        ]
+        if limits:
+            assert [min(limit, 4) for limit in offered[-1]] == limits
+        for n, tokens, on in zip(plan.num_draft_tokens.tolist(), proposals, decoding):
+            assert n <= (len(tokens) if tokens or proposer == "ngram" else 4) if on else n == 0
+        planned.append(plan.gamma)
+        return plan
+
+    scheduler.goodput.choose_step = recording_choose
+    scheduler._plan = recording_plan
+    results = {request.key: request.output for request in scheduler.run(
+        build_requests(PROMPTS, config, engine.vocab_size, engine.max_context)
+    )}
+    assert max(planned) > 1 and offered
+    autoregressive = SpeculativeEngine(
+        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    ).generate(PROMPTS)
+    assert [results[index] for index in range(len(PROMPTS))] == [result.token_ids for result in autoregressive]
