@@ -18,6 +18,10 @@ statistics); this class only runs each planned step on the actors (docs/design.m
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
+n-gram blocks (engine/proposers.py) come from the scheduler: with verifier.proposer=ngram, or in a
+step where every proposing row has a match, the coordinator builds the block itself (step 1 only
+applies the verdict and the row changes); with model+ngram the draft actor lays its own rows over
+them. No block is drafted ahead over n-gram rows.
 
 Faults: every wait covers all shards and the draft (`ray.wait`, so a dead actor surfaces at once
 as RayActorError; a hung group after parallel.step_timeout_s, as a StepTimeout). The coordinator

@@ -12,7 +12,8 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    Its prompt goes through the target by chunks of `prefill_chunk_tokens`, in the same forwards as
    the other rows' blocks; a row decodes once its whole prompt is in.
 2. draft lengths: the schedule (`EngineConfig.gamma_schedule`) gives each decoding row its g, clipped
-   so a row never verifies past its token budget; the step drafts the longest (0: no draft at all).
+   so a row never verifies past its token budget, and to its n-gram proposal when the n-gram proposer
+   serves it (proposers.py: it runs here, on token ids); the step drafts the longest (0: no draft).
 3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
    [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
    its batch (up to floating-point ties) under any schedule that depends on the row's own history

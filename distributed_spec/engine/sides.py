@@ -15,7 +15,8 @@ prompt chunk only: its block is masked, nothing of it is kept, its Y stays pendi
 Invariant between steps, per decoding row: the target holds every kept token except the last, Y
 (`TargetSide.last_ids`); the draft holds every kept token except its pending input
 (`DraftSide.pending_ids`: [X_g or padding, Y] after a speculative step, one more Y per
-autoregressive step, in which the draft does not run at all).
+autoregressive step, in which the draft does not run at all; X_1..X_tau, Y for a row whose block came
+from n-grams, proposers.py). Pending tokens are right-aligned: the last column is each row's Y.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ def test_greedy_verification_sends_no_probabilities():
 def test_a_draft_method_needs_a_draft_factory():
     with pytest.raises(ValueError, match="engine.method=autoregressive"):
         RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
+    with pytest.raises(ValueError, match="engine.proposer=ngram"):
+        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), RayRuntimeConfig())
+    # n-gram blocks need no draft model.
+    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), RayRuntimeConfig()).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():

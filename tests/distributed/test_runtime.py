@@ -72,6 +72,10 @@ def test_tp2_logits_equal_tp1_logits(tp2):
         (tp1_logits,) = ray.get([shard.logits.remote(input_ids) for shard in tp1.actors.shards])
         # While TP = 1 is up: the autoregressive baseline matches the engine's.
         results = tp1.generate(PROMPTS[:2])
+        # ... and so do n-gram blocks, with no draft actor at all.
+        assert tp1.actors.draft is None
+        tp1.config = replace(GREEDY, proposer="ngram")
+        ngram_results = tp1.generate(PROMPTS[:2])
     tp2_logits = ray.get([shard.logits.remote(input_ids) for shard in tp2.actors.shards])
     local_logits = TARGET()(input_ids=input_ids).logits.detach()
     assert tp1_logits.shape == (3, 12, VOCAB_SIZE)
@@ -80,6 +84,7 @@ def test_tp2_logits_equal_tp1_logits(tp2):
     assert (tp1_logits - local_logits).abs().max() < 1e-4
     reference, _ = engine_results(config, PROMPTS[:2])
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert [r.token_ids for r in ngram_results] == [r.token_ids for r in reference]
 
 
 ADAPTIVE = {"gamma_schedule": "adaptive"}
