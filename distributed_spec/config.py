@@ -30,6 +30,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# data.format: the job's own records (JSONL or Parquet), or OpenAI Batch API request files (JSONL).
+DATA_FORMATS = ("records", "openai_batch")
 # How a model source is read (mirrors distributed_spec.models.loading.MODEL_KINDS; a test checks).
 MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled")
 # Kinds derived from the loaded target: valid for the draft only.
@@ -353,6 +355,9 @@ class DataConfig:
 
     # JSONL (or .parquet) file of records with an id and a `prompt` or chat `messages`.
     input_path: str = ""
+    # `records`: the job's own records (above); `openai_batch`: an OpenAI Batch API input file (JSONL),
+    # answered in the Batch API's output format (jobs/openai_batch.py).
+    format: str = "records"
     # Directory of completions.jsonl, errors.jsonl and summary.json; null: the Hydra run directory.
     output_dir: str | None = None
     # Rows decoded at once (the engine's batch; continuous batching keeps it full).
@@ -374,6 +379,11 @@ class DataConfig:
         _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         _require(self.fsync_every >= 1, f"data.fsync_every must be >= 1, got {self.fsync_every}")
         _require(self.limit is None or self.limit >= 0, f"data.limit must be >= 0 or null, got {self.limit}")
+        _require(self.format in DATA_FORMATS, f"data.format={self.format!r} is unknown; choose one of {DATA_FORMATS}")
+        _require(
+            not (self.format == "openai_batch" and self.input_path.endswith(".parquet")),
+            "data.format=openai_batch reads JSONL request files; data.input_path is a .parquet file",
+        )
 
     def check_input_exists(self) -> None:
         _require(bool(self.input_path), "data.input_path is required (e.g. data.input_path=prompts.jsonl)")

@@ -13,6 +13,8 @@ default the Hydra run directory, named after the settings that change completion
   finish_reason, stats. Written as records finish (continuous batching: `data.batch_size` rows decode
   at once and a finished row's place goes to the next record), fsynced every `data.fsync_every`.
 - errors.jsonl: one line per bad record (line, id, reason); bad input never stops the job.
+- with data.format=openai_batch the input is an OpenAI Batch API file and completions.jsonl holds
+  the Batch API's output lines instead, one per request, bad ones included (jobs/openai_batch.py).
 - summary.json, run_meta.json, .hydra/ (the resolved config), wandb/ (offline W&B run).
 
 Rerunning the same command resumes: finished ids are skipped and a torn last line is repaired, so
@@ -35,8 +37,16 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from distributed_spec.config import ConfigError, JobConfig, check_devices
-from distributed_spec.jobs.errors import REASON_GENERATION, REASON_TOKENIZER, REASON_TOO_LONG, record_error
-from distributed_spec.jobs.io import InputRecord, JsonlAppender, id_key, read_records
+from distributed_spec.jobs import openai_batch
+from distributed_spec.jobs.errors import (
+    REASON_BAD_SAMPLING,
+    REASON_GENERATION,
+    REASON_TOKENIZER,
+    REASON_TOO_LONG,
+    RecordError,
+    record_error,
+)
+from distributed_spec.jobs.io import InputRecord, JsonlAppender, check_record, id_key, read_records
 from distributed_spec.jobs.resume import check_run_meta, reset_outputs, scan_jsonl
 from distributed_spec.jobs.runtime import (
     GenerationItem,
@@ -128,6 +138,7 @@ def fingerprint(job: JobConfig) -> dict[str, Any]:
         "verifier": verifier,
         "sampling": settings["sampling"],
         "input_path": str(Path(data["input_path"]).expanduser().resolve()),
+        "format": data["format"],
         "fields": [data["id_field"], data["prompt_field"], data["messages_field"]],
         "chat_template_for_prompts": data["chat_template_for_prompts"],
     }
@@ -203,6 +214,10 @@ class JobRunner:
                 if id_key(item.id) in done_ids:
                     yield _DONE
                     continue
+                refusal = self._sampling_refusal(item)
+                if refusal is not None:
+                    yield _KNOWN_ERROR if item.line in error_lines else refusal
+                    continue
                 try:
                     text, ids = render_prompt(
                         item, self.generator.tokenizer, self.job.data.chat_template_for_prompts
@@ -221,6 +236,18 @@ class JobRunner:
                         f"{len(ids)} tokens, the context holds {max_context_len} (model.max_context_len)",
                     )
             yield _KNOWN_ERROR if item.line in error_lines else item
+
+    def _sampling_refusal(self, record: InputRecord) -> RecordError | None:
+        """The error of a record whose own sampling settings the job's verifier cannot serve, or None."""
+        temperature = record.sampling.temperature
+        if self.job.verifier.method == "greedy" and temperature is not None and temperature > 0:
+            return record_error(
+                record.line,
+                record.id,
+                REASON_BAD_SAMPLING,
+                f"temperature {temperature} needs a sampling verifier (verifier=block), not verifier=greedy",
+            )
+        return None
 
     def run(
         self, records: Iterator[Any], done_ids: set[str], error_lines: set[int], progress: Progress
@@ -270,7 +297,7 @@ class JobRunner:
             elif isinstance(item, PendingRecord):
                 yield item
             else:
-                self.errors.write(item.to_json())
+                self._write_error(item)
                 self.metrics.num_errors += 1
                 self.progress.update(1, self.metrics)
                 self._maybe_sync()
@@ -293,6 +320,7 @@ class JobRunner:
             prompt_ids=pending_record.prompt_ids,
             seed_key=id_key(pending_record.record.id),
             max_new_tokens=pending_record.record.max_new_tokens,
+            sampling=pending_record.record.sampling,
         )
 
     def _retry_one_by_one(self, pending_records: list[PendingRecord]) -> None:
@@ -303,16 +331,20 @@ class JobRunner:
                     self._write_completion(pending_record, result)
             except Exception as err:
                 reason = f"{type(err).__name__}: {err}"
-                self.errors.write(
-                    record_error(
-                        pending_record.record.line, pending_record.record.id, REASON_GENERATION, reason
-                    ).to_json()
+                self._write_error(
+                    record_error(pending_record.record.line, pending_record.record.id, REASON_GENERATION, reason)
                 )
                 self.metrics.num_errors += 1
                 self.progress.update(1, self.metrics)
                 self._count_failure(err)
             finally:
                 self.metrics.close_stream(self.generator.stats)
+
+    def _write_error(self, error: RecordError) -> None:
+        """errors.jsonl always; the OpenAI batch output also answers every request, bad ones included."""
+        self.errors.write(error.to_json())
+        if self.job.data.format == "openai_batch":
+            self.completions.write(openai_batch.error_line(error))
 
     def _count_failure(self, err: Exception) -> None:
         self.num_consecutive_failures += 1
@@ -343,10 +375,11 @@ class JobRunner:
             self.errors.sync()
 
     def _output_record(self, pending: PendingRecord, result: Any) -> dict[str, Any]:
-        text = self.generator.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        text = cut_at_stop(text, self.job.sampling.stop)
-        stats = record_stats(result)
         record = pending.record
+        text = self.generator.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        stop = self.job.sampling.stop if record.sampling.stop is None else list(record.sampling.stop)
+        text = cut_at_stop(text, stop)
+        stats = record_stats(result)
         if len(self.samples) < self.job.tracking.num_samples:
             self.samples.append(
                 (
@@ -357,6 +390,15 @@ class JobRunner:
                     len(result.token_ids),
                     stats["block_efficiency"],
                 )
+            )
+        if self.job.data.format == "openai_batch":
+            return openai_batch.response_line(
+                record,
+                text,
+                result.finish_reason,
+                num_prompt_tokens=len(pending.prompt_ids),
+                num_completion_tokens=len(result.token_ids),
+                model=self.job.model.name,
             )
         output: dict[str, Any] = {"id": record.id, "prompt": pending.prompt_text}
         if record.messages is not None:
@@ -396,6 +438,10 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def _completion_key(record: dict[str, Any]) -> str | None:
+    return id_key(record["id"]) if "id" in record else None
+
+
 def _final_error_line(error: dict[str, Any]) -> int | None:
     return None if str(error.get("reason", "")).startswith(REASON_GENERATION) else error.get("line")
 
@@ -415,14 +461,17 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
     if not job.data.resume:
         reset_outputs([paths.completions, paths.errors, paths.summary])
     check_run_meta(paths.root, fingerprint(job), job.data.resume)
-    done = scan_jsonl(paths.completions, lambda record: id_key(record["id"]) if "id" in record else None)
+    openai_format = job.data.format == "openai_batch"
+    done = scan_jsonl(paths.completions, openai_batch.output_key if openai_format else _completion_key)
+    # Completions done (the OpenAI batch output also holds the error lines, counted as errors).
+    num_done = openai_batch.num_served(done.keys) if openai_format else done.num_records
     # Input errors are final; generation failures are dropped from errors.jsonl and retried.
     errors_done = scan_jsonl(paths.errors, _final_error_line)
-    if done.num_records or errors_done.num_records:
+    if num_done or errors_done.num_records:
         logger.info(
             "resuming in %s: %d records done, %d errors recorded",
             paths.root,
-            done.num_records,
+            num_done,
             errors_done.num_records,
         )
     config = job.to_dict()
@@ -445,17 +494,18 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
             )
             generator = build_generator(job)
         total = count_input_records(job.data.input_path, job.data.limit)
-        initial = min(done.num_records + errors_done.num_records, total)
+        initial = min(num_done + errors_done.num_records, total)
         progress = Progress(total=total, initial=initial, enabled=job.tracking.progress)
         runner = JobRunner(job, generator, tracker, paths)
-        records = _limited(read_records(job.data.input_path, job.data), job.data.limit)
+        check = openai_batch.check_request if openai_format else check_record
+        records = _limited(read_records(job.data.input_path, job.data, check), job.data.limit)
         try:
             num_skipped = runner.run(records, done.keys, errors_done.keys, progress)
         finally:
             progress.close()
         summary = runner.metrics.snapshot()
         summary.update(
-            records_total=done.num_records + runner.metrics.num_records,
+            records_total=num_done + runner.metrics.num_records,
             records_skipped=num_skipped,
             errors_total=errors_done.num_records + runner.metrics.num_errors,
             acceptance_per_position=runner.metrics.engine.acceptance_per_position,

@@ -300,3 +300,60 @@ def test_ngram_proposer_job_loads_no_draft_and_reports_its_rows(tiny_pair, tmp_p
     assert 0 < summary["proposer/accepted_ngram"] < summary["proposer/proposed_ngram"]
     with pytest.raises(ConfigError, match="verifier.proposer=model"):
         generator.reconfigure(_compose(_tiny_args(tiny_pair, input_path)))
+
+
+def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
+    """An OpenAI Batch API file with per-request settings, a malformed line and an unsupported request:
+    every request is answered once in the Batch output format; a rerun adds nothing."""
+    from tests.jobs.test_openai_batch import assert_batch_output_line, chat_request
+
+    requests = [
+        chat_request("greedy", "alpha says", max_tokens=12, temperature=0),
+        chat_request("warm", "beta says", max_completion_tokens=9, temperature=0.8, seed=7),
+        chat_request("warm-again", "beta says", max_completion_tokens=9, temperature=0.8, seed=7),
+        chat_request("nucleus", "gamma says", max_tokens=16, temperature=1.2, top_p=0.7, stop=["e"]),
+        '{"custom_id": "torn", "body": ',
+        chat_request("two", "delta", n=2),
+        {"custom_id": "text", "method": "POST", "url": "/v1/completions", "body": {"prompt": "echo 5", "max_tokens": 5}},
+    ]
+    input_path = tmp_path / "batch.jsonl"
+    input_path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests))
+    out = tmp_path / "out"
+    args = _tiny_args(
+        tiny_pair,
+        input_path,
+        "data.format=openai_batch",
+        f"data.output_dir={out}",
+        "data.batch_size=3",
+        "sampling.max_new_tokens=20",
+        "verifier.gamma_schedule=constant",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    )
+    process = _cli(args)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    lines = _read_jsonl(out / "completions.jsonl")
+    for line in lines:
+        assert_batch_output_line(line)
+    by_id = {line["custom_id"]: line for line in lines}
+    assert len(lines) == 7 and set(by_id) == {"greedy", "warm", "warm-again", "nucleus", None, "two", "text"}
+    assert by_id[None]["error"]["code"] == "malformed_json" and by_id["two"]["error"]["code"] == "unsupported_request"
+    usage = {custom_id: line["response"]["body"]["usage"] for custom_id, line in by_id.items() if line["response"]}
+    assert usage["greedy"]["completion_tokens"] <= 12 and usage["warm"]["completion_tokens"] <= 9
+    assert usage["text"]["completion_tokens"] <= 5
+    assert by_id["text"]["response"]["body"]["object"] == "text_completion"
+
+    def content(custom_id):
+        return by_id[custom_id]["response"]["body"]["choices"][0]["message"]["content"]
+
+    # The request's seed is its stream's seed: same messages, settings and seed, same completion.
+    assert content("warm") == content("warm-again")
+    assert "e" not in content("nucleus")
+    errors = _read_jsonl(out / "errors.jsonl")
+    assert sorted(error["line"] for error in errors) == [5, 6]
+    # Rerunning resumes: every custom_id is answered already, nothing is added.
+    before = (out / "completions.jsonl").read_bytes()
+    rerun = _cli(args)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output
+    assert (out / "completions.jsonl").read_bytes() == before

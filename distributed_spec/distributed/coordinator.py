@@ -298,6 +298,7 @@ class RayCoordinator:
             num_draft_tokens=plan.num_draft_tokens,
             eta=plan.eta,
             u=plan.u,
+            sampling=plan.sampling,
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
         # A launched draft sits idle while no draft model is used (the autoregressive baseline, n-grams).
@@ -310,6 +311,7 @@ class RayCoordinator:
                 decoding=plan.decoding,
                 gamma=model_gamma,
                 draft_uniforms=plan.draft_uniforms[:, :model_gamma],
+                sampling=plan.sampling,
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
             )
@@ -428,7 +430,6 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSe
     )
     return DecodeSettings(
         method=config.method,
-        sampling=config.sampling,
         wire=wire,
         draft_confidence_threshold=config.draft_confidence_threshold,
     )

@@ -28,7 +28,7 @@ from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_m
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
 from distributed_spec.engine.steps import propose
-from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
+from distributed_spec.verify import RowSampling, logits_to_probs, sample_from_probs
 
 
 def propose_on_wire(
@@ -36,7 +36,7 @@ def propose_on_wire(
     draft_input_ids: torch.Tensor,
     draft_input_mask: torch.Tensor,
     gamma: int,
-    params: SamplingParams,
+    sampling: RowSampling,
     draft_uniforms: torch.Tensor,
     wire: WireFormat,
     confidence_threshold: float = 0.0,
@@ -45,7 +45,7 @@ def propose_on_wire(
 
     Args:
         draft_input_ids / draft_input_mask: [B, k] pending tokens, last column = Y.
-        draft_uniforms: [B, g] float64.
+        sampling: each row's settings; draft_uniforms: [B, g] float64.
     Returns:
         draft_ids [B, g'] long, probs values [B, g', V or k] (wire dtype), probs ids [B, g', k] or
         None, num_drafted [B] long (g' <= g and num_drafted < g' only with a confidence stop).
@@ -59,7 +59,7 @@ def propose_on_wire(
         return sampled_probs
 
     draft_ids, _, num_drafted = propose(
-        draft, draft_input_ids, draft_input_mask, gamma, params, draft_uniforms, to_sampled, confidence_threshold
+        draft, draft_input_ids, draft_input_mask, gamma, sampling, draft_uniforms, to_sampled, confidence_threshold
     )
     stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
     return draft_ids, torch.stack(values, dim=1), stacked_ids, num_drafted
@@ -113,11 +113,12 @@ class DraftWorker:
 
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch."""
-        self.sampling, self.wire = settings.sampling, settings.wire
+        self.wire = settings.wire
         self.confidence_threshold = settings.draft_confidence_threshold
         self.side.reset()
         self.draft_ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, g] being verified
         self.decoding = torch.zeros(0, dtype=torch.bool, device=self.device)  # [B] of that step
+        self.sampling = RowSampling(())  # each row's settings in that step
         # That step's n-gram rows ([B] bool, None: none) and the tokens this draft drafted in it.
         self.from_ngram: torch.Tensor | None = None
         self.num_model_drafts = 0
@@ -132,6 +133,7 @@ class DraftWorker:
         discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
         usable = self._apply_result(request)
         self.decoding = request.decoding.to(self.device)
+        self.sampling = request.sampling
         has_ngram_rows = request.from_ngram is not None and bool(request.from_ngram.any())
         self.from_ngram = request.from_ngram.to(self.device) if has_ngram_rows else None
         self.num_model_drafts = request.gamma
@@ -147,7 +149,7 @@ class DraftWorker:
             self.side.pending_ids,
             self.side.pending_mask * self.decoding[:, None].long(),
             request.gamma,
-            self.sampling,
+            request.sampling,
             request.draft_uniforms,
             self.wire,
             self.confidence_threshold,

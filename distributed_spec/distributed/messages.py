@@ -7,16 +7,16 @@ from dataclasses import dataclass
 import torch
 
 from distributed_spec.distributed.wire import WireFormat
-from distributed_spec.verify import SamplingParams
+from distributed_spec.verify import RowSampling
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     """How a batch is decoded; sent when every batch starts, so one launched runtime serves any config."""
 
-    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft).
+    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft). Sampling settings are per
+    # row and travel with every step (StepRequest.sampling, DraftRequest.sampling).
     method: str
-    sampling: SamplingParams
     wire: WireFormat
     # The draft's confidence stop (EngineConfig.draft_confidence_threshold; 0: off).
     draft_confidence_threshold: float = 0.0
@@ -40,6 +40,8 @@ class StepRequest:
     eta: torch.Tensor
     # [B] float64 in [0, 1): drives sampling of the correction/bonus token.
     u: torch.Tensor
+    # Each row's sampling settings: rank 0 warps row b's target logits with rows[b].
+    sampling: RowSampling
     # Prompt tokens fed per row at most in this step (engine.prefill_chunk_tokens; None: all).
     prefill_chunk_tokens: int | None = None
 
@@ -57,6 +59,8 @@ class DraftRequest:
     gamma: int
     # [B, g] float64: the draft's sampling uniforms.
     draft_uniforms: torch.Tensor
+    # Each row's sampling settings, as in StepRequest (the draft warps q with them).
+    sampling: RowSampling
     # With verifier.proposer=model+ngram: the n-gram blocks [B, w] long and [B] bool, the rows they
     # serve (engine/proposers.py); the draft lays its own rows over them. None: no n-gram rows.
     ngram_ids: torch.Tensor | None = None

@@ -108,7 +108,7 @@ class TargetShard:
 
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch."""
-        self.method, self.sampling = settings.method, settings.sampling
+        self.method = settings.method
         self.side.reset()
 
     @torch.no_grad()
@@ -130,7 +130,7 @@ class TargetShard:
         if self.rank == 0:
             verdict[0], verdict[1] = verify_step(
                 self.method,
-                self.sampling,
+                request.sampling,
                 draft_ids,
                 unpack_probs(block, self.device) if gamma > 0 else None,
                 target_logits,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from distributed_spec.verify import SamplingParams
+from distributed_spec.verify import RowSampling, Sampling
 
 GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
 
@@ -46,15 +46,20 @@ def next_draft_length(gamma: int, num_accepted: int, num_drafted: int, max_gamma
 
 
 def draft_confidence(
-    logits: torch.Tensor, probs: torch.Tensor, token_ids: torch.Tensor, params: SamplingParams
+    logits: torch.Tensor, probs: torch.Tensor, token_ids: torch.Tensor, params: Sampling
 ) -> torch.Tensor:
     """The draft's probability of the token it just drafted: what the confidence stop compares.
 
     Args:
         logits: [B, V] the draft's raw logits at this position; probs: [B, V] its warped q_i;
-        token_ids: [B] the drafted X_i.
+        token_ids: [B] the drafted X_i; params: one setting, or each row's own.
     Returns:
         [B] float32: q_i(X_i); at temperature 0, where q_i is one-hot, the softmax of the raw logits.
     """
-    source = logits.float().softmax(dim=-1) if params.is_greedy else probs
-    return source.gather(-1, token_ids[:, None].to(source.device))[:, 0]
+    token_ids = token_ids[:, None].to(probs.device)
+    warped = probs.gather(-1, token_ids)[:, 0]
+    greedy = params.greedy_rows() if isinstance(params, RowSampling) else [params.is_greedy] * len(token_ids)
+    if not any(greedy):
+        return warped
+    raw = logits.float().softmax(dim=-1).gather(-1, token_ids.to(logits.device))[:, 0].to(warped.device)
+    return torch.where(torch.tensor(greedy, device=warped.device), raw, warped)

@@ -24,7 +24,7 @@ from distributed_spec.engine.proposers import combine_blocks
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
 from distributed_spec.engine.steps import sample_autoregressive
-from distributed_spec.verify import SamplingParams, VerifyUniforms, verify_logits
+from distributed_spec.verify import RowSampling, VerifyUniforms, verify_logits
 
 
 @dataclass
@@ -45,10 +45,12 @@ class StepPlan:
     draft_uniforms: torch.Tensor
     eta: torch.Tensor
     u: torch.Tensor
+    # Each row's sampling settings (its request's): draft and target warp row b with rows[b].
+    sampling: RowSampling
     # Prompt tokens the target feeds per row at most in this step (engine.prefill_chunk_tokens).
     prefill_chunk_tokens: int | None = None
-    # Prompt tokens of the longest chunk fed in this step (0: no row is taking in its prompt).
-    max_prefill_tokens: int = 0
+    # Prompt tokens fed in this step, all rows together (0: no row is taking in its prompt).
+    num_prefill_tokens: int = 0
     # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
     next_gamma_guess: int = 0
     # The n-gram proposer's blocks (proposers.py), None when it does not run: [B, w] long, each
@@ -96,9 +98,9 @@ class StepOutcome:
 class DecodeOptions:
     """How the models' outputs are turned into tokens; fixed for a run."""
 
-    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft).
+    # Verifier: "block", "token", "greedy", or "autoregressive" (no draft). Sampling settings are
+    # per row and come with each step (StepPlan.sampling).
     method: str
-    sampling: SamplingParams
     draft_confidence_threshold: float = 0.0
     # What proposes the blocks (proposers.py): "model", "ngram" or "model+ngram".
     proposer: str = "model"
@@ -145,7 +147,7 @@ class _Stopwatch:
 
 def verify_step(
     method: str,
-    sampling: SamplingParams,
+    sampling: RowSampling,
     draft_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
@@ -157,7 +159,7 @@ def verify_step(
 
     Args:
         draft_ids: [B, g]; draft_probs: [B, g, V] (None when g = 0); target_logits: [B, g+1, V];
-        num_draft_tokens: [B]; eta: [B, >= g] float64; u: [B] float64.
+        num_draft_tokens: [B]; eta: [B, >= g] float64; u: [B] float64; sampling: each row's settings.
     Returns:
         accepted_counts [B] long, next_tokens [B] long.
     """
@@ -208,7 +210,7 @@ class LocalExecutor:
             with watch.section("draft"):
                 draft_ids, draft_probs, num_drafted = draft.propose(
                     num_model_drafts,
-                    options.sampling,
+                    plan.sampling,
                     plan.draft_uniforms[:, :num_model_drafts],
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
@@ -235,7 +237,7 @@ class LocalExecutor:
         with watch.section("verify"):
             accepted_counts, next_tokens = verify_step(
                 options.method,
-                options.sampling,
+                plan.sampling,
                 draft_ids,
                 draft_probs,
                 target_logits,

@@ -12,13 +12,15 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   online on this device: an exponential moving average per (B, g) cell (`StepCostModel`). A cell not
   measured yet is predicted from the nearest batch size that has it, scaled by the ratio of a cell
   both batch sizes share. A step that also fed prompt tokens (rows joining the batch) costs more by
-  about c x B x (the longest prompt chunk): c is estimated from such steps and taken off before they
-  update their cell, so the model learns from every step, also when rows join at nearly every step.
+  about c x (the prompt tokens it fed); c is estimated within cells (`StepCostModel`), so every step
+  updates its cell, also where rows join at nearly every step.
 - E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
   position i among those that verified it (`AcceptanceEstimate`, decayed so it follows the text),
   and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1
   and decayed every step, so a row that stopped drafting after bad luck tries again later).
   Block verification keeps a prefix, so the expected kept length is the sum of these marginals.
+  The choice uses an upper confidence bound of a_i (`optimism` standard errors): with greedy choices
+  on the mean, a few unlucky early rejections kept a B = 1 run at g = 0 for good (docs/RESULTS.md).
 - g = 0 is a plain decoding step (no draft forward at all); it wins where verification is dear
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
@@ -38,44 +40,54 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Cell:
-    seconds: float
+    # Running means of the cell's steps: wall clock and the prompt tokens they fed.
+    mean_seconds: float
+    mean_prompt_tokens: float
     count: int
     last_step: int
 
 
 class StepCostModel:
-    """Seconds per step as a function of (rows in the batch B, draft tokens per row g), measured."""
+    """Seconds per step as a function of (rows in the batch B, draft tokens per row g), measured.
 
-    def __init__(self, smoothing: float = 0.2) -> None:
+    A step that feeds prompt tokens (rows joining) costs more: seconds = T(B, g) + c x prompt tokens.
+    c is shared by all cells and estimated within cells (each step's deviation from its cell's
+    running means, x against y: a fixed-effects regression), so every step, with or without prompt
+    tokens, updates its cell, and T(B, g) = mean seconds - c x mean prompt tokens.
+    """
+
+    def __init__(self, smoothing: float = 0.2, decay: float = 0.98) -> None:
         self.smoothing = smoothing
+        self.decay = decay
         self.cells: dict[tuple[int, int], _Cell] = {}
-        # Seconds per (row x prompt-chunk token) that a step feeding prompts costs on top of its cell.
-        self.prefill_seconds_per_token: float | None = None
+        # Decayed sums of (prompt tokens - cell mean) x (seconds - cell mean) and its square.
+        self._within_xy = 0.0
+        self._within_xx = 0.0
 
-    def observe(self, num_rows: int, gamma: int, seconds: float, step: int, num_prefill_slots: int = 0) -> None:
-        """A step's wall clock; num_prefill_slots = B x the longest prompt chunk it fed (0: none)."""
-        if num_prefill_slots:
-            cell = self.cells.get((num_rows, gamma))
-            if cell is not None:
-                per_token = max(seconds - cell.seconds, 0.0) / num_prefill_slots
-                if self.prefill_seconds_per_token is None:
-                    self.prefill_seconds_per_token = per_token
-                else:
-                    self.prefill_seconds_per_token += self.smoothing * (per_token - self.prefill_seconds_per_token)
-                return
-            if self.prefill_seconds_per_token is None:
-                return
-            seconds = max(seconds - self.prefill_seconds_per_token * num_prefill_slots, 0.0)
-        self._update(num_rows, gamma, seconds, step)
+    @property
+    def prefill_seconds_per_token(self) -> float:
+        """c: seconds per prompt token a step feeds (0 until steps with different prompt loads)."""
+        if self._within_xx <= 1e-9:
+            return 0.0
+        return max(self._within_xy / self._within_xx, 0.0)
 
-    def _update(self, num_rows: int, gamma: int, seconds: float, step: int) -> None:
+    def observe(self, num_rows: int, gamma: int, seconds: float, step: int, num_prefill_tokens: int = 0) -> None:
+        """A step's wall clock; num_prefill_tokens: prompt tokens it fed (rows joining or prefilling)."""
         cell = self.cells.get((num_rows, gamma))
         if cell is None:
-            self.cells[(num_rows, gamma)] = _Cell(seconds, 1, step)
+            self.cells[(num_rows, gamma)] = _Cell(seconds, float(num_prefill_tokens), 1, step)
             return
-        cell.seconds += self.smoothing * (seconds - cell.seconds)
+        dx, dy = num_prefill_tokens - cell.mean_prompt_tokens, seconds - cell.mean_seconds
+        self._within_xy = self.decay * self._within_xy + dx * dy
+        self._within_xx = self.decay * self._within_xx + dx * dx
+        cell.mean_prompt_tokens += self.smoothing * dx
+        cell.mean_seconds += self.smoothing * dy
         cell.count += 1
         cell.last_step = step
+
+    def seconds(self, cell: _Cell) -> float:
+        """T(B, g) of a cell: its mean step without the prompt tokens' share."""
+        return max(cell.mean_seconds - self.prefill_seconds_per_token * cell.mean_prompt_tokens, 1e-9)
 
     def measured(self, num_rows: int, gamma: int) -> _Cell | None:
         return self.cells.get((num_rows, gamma))
@@ -84,18 +96,18 @@ class StepCostModel:
         """Predicted seconds of a (B, g) step; None when g was never measured at any B."""
         cell = self.cells.get((num_rows, gamma))
         if cell is not None:
-            return cell.seconds
+            return self.seconds(cell)
         others = [rows for (rows, g) in self.cells if g == gamma]
         if not others:
             return None
         nearest = min(others, key=lambda rows: (abs(math.log(rows / num_rows)), rows))
-        base = self.cells[(nearest, gamma)].seconds
+        base = self.seconds(self.cells[(nearest, gamma)])
         shared = [g for (rows, g) in self.cells if rows == num_rows and (nearest, g) in self.cells]
         if not shared:
             # No cell at this B: every g scales alike, so the choice is the nearest B's.
             return base
         anchor = min(shared, key=lambda g: abs(g - gamma))
-        return base * self.cells[(num_rows, anchor)].seconds / self.cells[(nearest, anchor)].seconds
+        return base * self.seconds(self.cells[(num_rows, anchor)]) / self.seconds(self.cells[(nearest, anchor)])
 
 
 class AcceptanceEstimate:
@@ -115,13 +127,16 @@ class AcceptanceEstimate:
                 self.num_verified[position] += 1.0
                 self.num_kept[position] += float(position < num_accepted)
 
-    def rates(self) -> list[float]:
+    def rates(self, optimism: float = 0.0) -> list[float]:
         """[max_draft_len] a_i: P(position i kept | verified). Unseen positions lean on the last
-        seen rate (a weak prior: half of the previous position's)."""
+        seen rate (a weak prior: half of the previous position's). optimism > 0 adds that many
+        standard errors (an upper confidence bound): few or old verdicts then favour drafting, so
+        a run of early rejections cannot stop a policy from ever drafting again."""
         rates, previous = [], 0.5
         for verified, kept in zip(self.num_verified, self.num_kept):
             prior = 0.5 * previous if rates else previous
             rate = (kept + self.prior_weight * prior) / (verified + self.prior_weight)
+            rate += optimism * math.sqrt(rate * (1.0 - rate) / (verified + self.prior_weight))
             rates.append(min(rate, previous if rates else 1.0))
             previous = rates[-1]
         return rates
@@ -155,6 +170,8 @@ class GoodputPolicy:
     explore_every: int = 24
     # Measurements of a cell before it counts as known at start-up.
     min_samples: int = 2
+    # Standard errors added to the acceptance rates when choosing (AcceptanceEstimate.rates).
+    optimism: float = 1.0
     cost: StepCostModel = field(default_factory=StepCostModel)
     acceptance: AcceptanceEstimate | None = None
     num_steps: int = 0
@@ -166,8 +183,9 @@ class GoodputPolicy:
             self.acceptance = AcceptanceEstimate(self.max_draft_len)
 
     def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], gamma: int) -> float:
-        """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs."""
-        rates = self.acceptance.rates()
+        """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs,
+        with the acceptance rates' upper confidence bound (`optimism`)."""
+        rates = self.acceptance.rates(self.optimism)
         cumulative = [0.0]
         for rate in rates:
             cumulative.append(cumulative[-1] + rate)
@@ -214,9 +232,9 @@ class GoodputPolicy:
 
         return key
 
-    def observe_step(self, num_rows: int, gamma: int, seconds: float, num_prefill_slots: int = 0) -> None:
-        """Wall-clock seconds of a step; num_prefill_slots = B x the longest prompt chunk it fed."""
-        self.cost.observe(num_rows, gamma, seconds, self.num_steps, num_prefill_slots)
+    def observe_step(self, num_rows: int, gamma: int, seconds: float, num_prefill_tokens: int = 0) -> None:
+        """Wall-clock seconds of a step; num_prefill_tokens: the prompt tokens it fed."""
+        self.cost.observe(num_rows, gamma, seconds, self.num_steps, num_prefill_tokens)
 
     def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
         self.acceptance.observe(num_draft_tokens, accepted_counts)

@@ -26,6 +26,10 @@ How a batch of ragged rows lives in one cache (exact, no recompute):
   `compact` gathers every row's kept slots to the right (left padding again) and crops the leftover
   columns; it runs by itself once holes and padding exceed `compact_fraction` of the cache.
 - `drop_rows` keeps a subset of rows (finished sequences stop costing work).
+- Rows that join a running batch hold nothing yet: their first prompt chunk goes through a forward of
+  its own (`prefill_apart_min_slots`), and its keys and values land in the row's padding slots at the
+  right end of the cache. Fed with the other rows' blocks instead, the chunk would pad every row of
+  the forward (and of the cache) to its length: B x chunk slots where only the chunk is real.
 Why holes rather than cropping every row to the shortest kept prefix and re-feeding the tokens the
 other rows kept: re-feeding recomputes up to g tokens per row and iteration; a hole costs one masked
 slot in attention until the next compaction, and nothing is ever recomputed.
@@ -36,11 +40,17 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 
 class ModelRunner:
     """A causal LM, its KV cache and the per-slot mask of the current batch."""
+
+    # Feed new rows' first prompt chunks in a forward of their own once the padding that sharing the
+    # batch's forward would cost, (rows not joining) x (longest chunk), reaches this many slots: below
+    # it, a second forward costs more than the padding (measured on 2 CPU cores, docs/design.md).
+    prefill_apart_min_slots: int = 256
 
     def __init__(self, model: PreTrainedModel, compact_fraction: float = 0.5) -> None:
         if not 0.0 < compact_fraction <= 1.0:
@@ -148,6 +158,8 @@ class ModelRunner:
         input_mask = input_mask.to(torch.long)
         staged_chunks = self._take_staged(max_staged)
         if staged_chunks is not None:
+            staged_chunks = self._prefill_new_rows_apart(staged_chunks)
+        if staged_chunks is not None:
             # The staged prompts go first, in the same forward; only the caller's n positions come back.
             staged_ids, staged_mask = _left_pad(staged_chunks)
             num_logits = min(num_logits or num_new, num_new)
@@ -184,6 +196,50 @@ class ModelRunner:
         chunks = [staged[:limit] for staged in self._staged]
         self._staged = [staged[len(chunk) :] for staged, chunk in zip(self._staged, chunks)]
         return chunks
+
+    def _prefill_new_rows_apart(self, chunks: list[list[int]]) -> list[list[int]] | None:
+        """Feed the chunks of rows that hold no slot yet in a forward of their own, when that saves
+        enough padding (class docstring); returns the chunks left for the shared forward (None: none).
+
+        Their keys and values [n, H, C, D] go into the last C slots of their rows, which are padding:
+        a row's attention sees only its own kept slots in slot order, and positions count kept slots,
+        so where the slots sit does not change any result.
+        """
+        if self.num_slots == 0:
+            return chunks
+        has_slots = self.slot_mask.any(dim=-1).tolist()
+        new_rows = [row for row, chunk in enumerate(chunks) if chunk and not has_slots[row]]
+        if not new_rows or len(new_rows) == self.batch_size:
+            return chunks
+        longest = max(len(chunks[row]) for row in new_rows)
+        if (self.batch_size - len(new_rows)) * longest < self.prefill_apart_min_slots:
+            return chunks
+        input_ids, input_mask = _left_pad([chunks[row] for row in new_rows])
+        input_ids, input_mask = input_ids.to(self.device), input_mask.to(self.device)
+        own_cache = DynamicCache()
+        keep = {"logits_to_keep": torch.arange(longest - 1, longest, device=self.device)} if self._can_keep_logits else {}
+        self.model(
+            input_ids=input_ids,
+            attention_mask=input_mask,
+            position_ids=(input_mask.cumsum(dim=-1) - 1).clamp(min=0),
+            use_cache=True,
+            **{self._cache_kwarg: own_cache},
+            **keep,
+        )
+        self.num_forward_calls += 1
+        if longest > self.num_slots:
+            self._pad_left(longest - self.num_slots)
+        rows = torch.tensor(new_rows, device=self.device)
+        _place_slots(self.cache, own_cache, rows)
+        self.slot_mask[rows, self.num_slots - longest :] = input_mask
+        for row in new_rows:
+            chunks[row] = []
+        return chunks if any(chunks) else None
+
+    def _pad_left(self, num_slots: int) -> None:
+        """Prepend num_slots padding slots to every row."""
+        _map_states(self.cache, lambda states: F.pad(states, (0, 0, num_slots, 0)))
+        self.slot_mask = F.pad(self.slot_mask, (num_slots, 0))
 
     def rollback(self, num_kept: torch.Tensor, num_new_slots: int) -> None:
         """Keep the first num_kept[b] of the last `num_new_slots` slots of each row; drop the rest.
@@ -253,6 +309,20 @@ def _left_pad(prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 def _append_empty_rows(cache: DynamicCache, num_new: int) -> None:
     """Append num_new rows of zero keys and values [num_new, H, L, D] to every layer (in place)."""
     _map_states(cache, lambda states: torch.cat([states, states.new_zeros((num_new, *states.shape[1:]))], dim=0))
+
+
+def _place_slots(cache: DynamicCache, rows_cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Write rows_cache's keys and values [n, H, C, D] into the last C slots of `rows` [n] (in place)."""
+    for layer, row_layer in zip(_cache_layers(cache), _cache_layers(rows_cache)):
+        for states, row_states in zip(layer, row_layer):
+            states[rows, :, states.shape[2] - row_states.shape[2] :] = row_states
+
+
+def _cache_layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) [B, H, L, D] per layer."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:

@@ -18,6 +18,8 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
    its batch (up to floating-point ties) under any schedule that depends on the row's own history
    ("constant", "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
+   Each row also has its own sampling settings (temperature, top-k, top-p) and stop strings, the
+   engine's unless its request sets them; the plan carries them to the executor row by row.
 4. the executor runs the step (executor.py); the scheduler appends tau accepted drafts + Y per row,
    finishes rows (EOS, stop string, budget) and yields them, updates statistics and the schedule.
 If the executor lost its batch (the Ray runtime restarted after a fault: `BatchLost`), every running
@@ -43,6 +45,7 @@ from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
 from distributed_spec.engine.ngram import NgramProposer
 from distributed_spec.engine.proposers import ngram_block
 from distributed_spec.engine.stopping import StopChecker
+from distributed_spec.verify import RowSampling, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,9 @@ class Request:
     budget: int
     # Seeds this request's own torch.Generator (all its uniforms).
     seed: int
+    # Its own sampling settings and stop strings; None: the engine's (EngineConfig).
+    sampling: SamplingParams | None = None
+    stop_strings: tuple[str, ...] | None = None
     output: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
@@ -98,7 +104,9 @@ class Scheduler:
             raise ValueError("sampling.stop needs a tokenizer: pass tokenizer= or clear the stop strings")
         self.config = config
         self.executor = executor
-        self.stop_checker = StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)
+        self.tokenizer = tokenizer
+        # One checker per distinct set of stop strings (the engine's, and the requests' own).
+        self.stop_checkers = {config.stop_strings: StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)}
         self.goodput = (
             GoodputPolicy(config.max_gamma) if config.uses_draft and config.gamma_schedule == "goodput" else None
         )
@@ -106,6 +114,8 @@ class Scheduler:
         self.stats = self._new_stats()
         # Tests: called with the step index after each step (e.g. to kill a shard).
         self.on_step = None
+        # The clock that times steps for the goodput schedule (tests give a deterministic one).
+        self.clock = time.perf_counter
 
     def _new_stats(self) -> RunStats:
         gamma_limit = self.config.gamma_limit
@@ -119,7 +129,6 @@ class Scheduler:
     def options(self) -> DecodeOptions:
         return DecodeOptions(
             method=self.config.method,
-            sampling=self.config.sampling,
             draft_confidence_threshold=self.config.draft_confidence_threshold,
             proposer=self.config.proposer,
         )
@@ -148,7 +157,7 @@ class Scheduler:
                 rows = running + joining
                 if not rows:
                     break
-                step_start = time.perf_counter()
+                step_start = self.clock()
                 states = [request.generator.get_state() for request in rows]
                 plan = self._plan(rows, keep_rows, joining)
                 try:
@@ -164,7 +173,7 @@ class Scheduler:
                 keep = [index for index, request in enumerate(rows) if request.finish_reason is None]
                 keep_rows = None if len(keep) == len(rows) else torch.tensor(keep, dtype=torch.long)
                 running, joining = [rows[index] for index in keep], []
-                self._observe(rows, plan, outcome, time.perf_counter() - step_start)
+                self._observe(rows, plan, outcome, self.clock() - step_start)
                 if self.on_step is not None:
                     self.on_step(self.stats.num_target_calls)
                 yield from finished
@@ -175,9 +184,22 @@ class Scheduler:
 
     def _admit(self, request: Request) -> None:
         """(Re)join the batch: the executor gets prompt + output; all but its last token are staged."""
+        if request.sampling is None:
+            request.sampling = self.config.sampling
+        self._stop_checker(request)
         request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
         if not request.draft_len:
             request.draft_len = self.config.gamma
+
+    def _stop_checker(self, request: Request) -> StopChecker:
+        stop_strings = self.config.stop_strings if request.stop_strings is None else request.stop_strings
+        checker = self.stop_checkers.get(stop_strings)
+        if checker is None:
+            if stop_strings and self.tokenizer is None:
+                raise ValueError(f"request {request.key!r} has stop strings, which need a tokenizer: pass tokenizer=")
+            checker = StopChecker(self.config.eos_token_ids, stop_strings, self.tokenizer)
+            self.stop_checkers[stop_strings] = checker
+        return checker
 
     def _plan(self, rows: list[Request], keep_rows: torch.Tensor | None, joining: list[Request]) -> StepPlan:
         config = self.config
@@ -233,8 +255,9 @@ class Scheduler:
             draft_uniforms=draft_uniforms,
             eta=eta,
             u=u,
+            sampling=RowSampling(tuple(request.sampling for request in rows)),
             prefill_chunk_tokens=chunk,
-            max_prefill_tokens=max(prefill, default=0),
+            num_prefill_tokens=sum(prefill),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
             ngram_ids=ngram_ids,
             from_ngram=from_ngram,
@@ -295,7 +318,7 @@ class Scheduler:
                 request.draft_len = next_draft_length(request.draft_len, tau, num_drafts, self.config.max_gamma)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
             num_before = len(request.output)
-            request.finish_reason = self.stop_checker.append(request.output, emitted, request.budget)
+            request.finish_reason = self._stop_checker(request).append(request.output, emitted, request.budget)
             stats.num_tokens += len(request.output) - num_before
             if request.finish_reason is not None:
                 request.stats.num_tokens = len(request.output)
@@ -331,4 +354,4 @@ class Scheduler:
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
-        self.goodput.observe_step(len(rows), plan.gamma, seconds, len(rows) * plan.max_prefill_tokens)
+        self.goodput.observe_step(len(rows), plan.gamma, seconds, plan.num_prefill_tokens)

@@ -27,7 +27,7 @@ import torch
 
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.steps import commit_draft, commit_target, propose, score
-from distributed_spec.verify import SamplingParams
+from distributed_spec.verify import RowSampling
 
 
 class TargetSide:
@@ -103,21 +103,22 @@ class DraftSide:
     def propose(
         self,
         gamma: int,
-        params: SamplingParams,
+        sampling: RowSampling,
         draft_uniforms: torch.Tensor,
         decoding: torch.Tensor,
         to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
         confidence_threshold: float = 0.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """engine.steps.propose from each row's pending input (rows still prefilling feed only their
-        staged prompt). Same arguments and returns as `propose`; decoding: [B] bool."""
+        staged prompt). Same arguments and returns as `propose`; sampling: each row's settings;
+        decoding: [B] bool."""
         input_mask = self.pending_mask * decoding.to(self.device)[:, None].long()
         return propose(
             self.runner,
             self.pending_ids,
             input_mask,
             gamma,
-            params,
+            sampling,
             draft_uniforms,
             to_sampled,
             confidence_threshold,

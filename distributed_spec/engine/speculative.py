@@ -29,6 +29,7 @@ from distributed_spec.engine.executor import LocalExecutor
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
 from distributed_spec.engine.stopping import prompt_budgets
+from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -140,13 +141,31 @@ def make_request(
     key: Any,
     seed_key: Any,
     max_new_tokens: int | None = None,
+    sampling: SamplingParams | None = None,
+    seed: int | None = None,
+    stop_strings: Sequence[str] | None = None,
 ) -> Request:
     """A validated request (ValueError names what is wrong); its generator is seeded from
-    (config.seed, seed_key); its budget is max_new_tokens (default config's) clipped to the context."""
+    (config.seed, seed_key), or from `seed` when given (a record's own seed); its budget is
+    max_new_tokens (default config's) clipped to the context; sampling and stop_strings default to
+    config's."""
     prompt = list(map(int, prompt_ids))
     limit = config.max_new_tokens if max_new_tokens is None else max_new_tokens
     (budget,) = prompt_budgets([prompt], vocab_size, max_context, limit)
-    return Request(key=key, prompt_ids=prompt, budget=budget, seed=request_seed(config.seed, seed_key))
+    sampling = config.sampling if sampling is None else sampling
+    if config.method == "greedy" and not sampling.is_greedy:
+        raise ValueError(f"the greedy verifier needs temperature 0, got {sampling.temperature}")
+    if stop_strings is not None and any(not stop for stop in stop_strings):
+        raise ValueError("stop strings must not be empty")
+    return Request(
+        key=key,
+        prompt_ids=prompt,
+        budget=budget,
+        # torch generators take seeds in [0, 2^64): a record's seed is used modulo that.
+        seed=request_seed(config.seed, seed_key) if seed is None else seed % (1 << 64),
+        sampling=sampling,
+        stop_strings=None if stop_strings is None else tuple(stop_strings),
+    )
 
 
 def to_result(request: Request) -> GenerationResult:

@@ -28,7 +28,7 @@ import torch
 
 from distributed_spec.engine.draft_length import draft_confidence
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.verify import SamplingParams, logits_to_probs, sample_from_probs
+from distributed_spec.verify import Sampling, logits_to_probs, sample_from_probs
 
 
 def propose(
@@ -36,7 +36,7 @@ def propose(
     draft_input_ids: torch.Tensor,
     draft_input_mask: torch.Tensor,
     gamma: int,
-    params: SamplingParams,
+    params: Sampling,
     draft_uniforms: torch.Tensor,
     to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
     confidence_threshold: float = 0.0,
@@ -46,6 +46,7 @@ def propose(
     Args:
         draft_input_ids: [B, k] pending tokens (already kept), last column = Y.
         draft_input_mask: [B, k] 1 for real tokens (left padding).
+        params: the warp of every row, or each row's own (RowSampling).
         draft_uniforms: [B, g] float64 in [0, 1), one per sampled draft token.
         to_sampled: maps each step's q_i [B, V] to the distribution actually sampled and verified
             (e.g. q rounded to the precision it is sent in, so verification stays exact); identity
@@ -145,11 +146,11 @@ def commit_draft(
     return draft_input_ids, draft_input_mask
 
 
-def sample_autoregressive(target_logits: torch.Tensor, u: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def sample_autoregressive(target_logits: torch.Tensor, u: torch.Tensor, params: Sampling) -> torch.Tensor:
     """The baseline's verify step: sample Y from p_1, the warped target distribution.
 
     Args:
-        target_logits: [B, 1, V]; u: [B] float64 uniforms.
+        target_logits: [B, 1, V]; u: [B] float64 uniforms; params: one setting or each row's own.
     Returns:
         next_tokens [B] long.
     """

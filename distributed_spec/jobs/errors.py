@@ -21,6 +21,11 @@ REASON_EMPTY_PROMPT = "empty prompt"
 REASON_BAD_PROMPT = "invalid prompt"
 REASON_BAD_MESSAGES = "invalid messages"
 REASON_BAD_MAX_NEW_TOKENS = "invalid max_new_tokens"
+REASON_BAD_SAMPLING = "invalid sampling settings"
+# OpenAI batch requests (data.format=openai_batch): a malformed request line, and a valid one that
+# asks for something this job does not do (another endpoint, n > 1, logprobs, penalties, ...).
+REASON_BAD_REQUEST = "invalid request"
+REASON_UNSUPPORTED = "unsupported request"
 REASON_TOO_LONG = "prompt over the context length"
 REASON_TOKENIZER = "tokenizer failed"
 REASON_GENERATION = "generation failed"

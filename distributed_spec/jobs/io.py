@@ -1,9 +1,10 @@
 """Input records in, completions out: JSONL (or Parquet) reading that never stops on bad input.
 
 Input: one record per line (JSONL) or row (Parquet), with an id and either a `prompt` string or a
-chat `messages` list of `{"role": ..., "content": ...}`. `read_records` yields an `InputRecord` for
-every good record and a `RecordError` (see errors.py) for every bad one, in input order, so the job
-writes the latter to errors.jsonl and goes on. Blank lines are skipped silently.
+chat `messages` list of `{"role": ..., "content": ...}` (data.format=records; openai_batch.py checks
+OpenAI Batch API requests instead). `read_records` yields an `InputRecord` for every good record and
+a `RecordError` (see errors.py) for every bad one, in input order, so the job writes the latter to
+errors.jsonl and goes on. Blank lines are skipped silently.
 
 Output: `JsonlAppender` appends one JSON object per line (UTF-8, not ASCII-escaped), flushing and
 fsyncing on `sync()`, so what is on disk after a crash is whole lines plus at most one torn line,
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,17 @@ from distributed_spec.jobs.errors import (
 
 
 @dataclass(frozen=True)
+class RecordSampling:
+    """A record's own sampling settings; None takes the job's (sampling.*)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    # Replaces the record's random stream seed (by default derived from sampling.seed and its id).
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class InputRecord:
     """One valid input record; exactly one of `prompt` and `messages` is set."""
 
@@ -51,6 +63,7 @@ class InputRecord:
     messages: list[dict[str, str]] | None = None
     # The record's own token limit (its optional `max_new_tokens` field); None: sampling.max_new_tokens.
     max_new_tokens: int | None = None
+    sampling: RecordSampling = RecordSampling()
 
 
 def id_key(record_id: Any) -> str:
@@ -58,8 +71,16 @@ def id_key(record_id: Any) -> str:
     return json.dumps(record_id, ensure_ascii=False)
 
 
-def read_records(path: str | Path, data: DataConfig) -> Iterator[InputRecord | RecordError]:
-    """Parse and check every record of a JSONL or Parquet file; see the module docstring."""
+# Checks one decoded row: (line, row, data) -> a record or its error.
+RecordCheck = Callable[[int, Any, DataConfig], InputRecord | RecordError]
+
+
+def read_records(
+    path: str | Path, data: DataConfig, check: RecordCheck | None = None
+) -> Iterator[InputRecord | RecordError]:
+    """Parse and check every record of a JSONL or Parquet file (with `check`, default check_record);
+    see the module docstring."""
+    check = check or check_record
     path = Path(path).expanduser()
     rows = _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
     first_line_of_id: dict[str, int] = {}
@@ -67,7 +88,7 @@ def read_records(path: str | Path, data: DataConfig) -> Iterator[InputRecord | R
         if isinstance(row, RecordError):
             yield row
             continue
-        checked = check_record(line, row, data)
+        checked = check(line, row, data)
         if isinstance(checked, InputRecord):
             key = id_key(checked.id)
             if key in first_line_of_id:
@@ -114,7 +135,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
             yield line, row
 
 
-def _has_lone_surrogate(text: str) -> bool:
+def has_lone_surrogate(text: str) -> bool:
     # JSON escapes like "\ud800" decode to strings that cannot be written back as UTF-8.
     try:
         text.encode("utf-8")
@@ -132,7 +153,7 @@ def check_record(line: int, row: Any, data: DataConfig) -> InputRecord | RecordE
         return record_error(line, None, REASON_MISSING_ID, f"no {data.id_field!r} field")
     if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
         return record_error(line, None, REASON_BAD_ID, f"{data.id_field!r} must be a string or an integer")
-    if isinstance(record_id, str) and (not record_id or _has_lone_surrogate(record_id)):
+    if isinstance(record_id, str) and (not record_id or has_lone_surrogate(record_id)):
         return record_error(line, None, REASON_BAD_ID, "empty or not valid Unicode")
     max_new_tokens = row.get("max_new_tokens")
     if max_new_tokens is not None and (
@@ -155,24 +176,23 @@ def _check_prompt(line: int, record_id: Any, row: dict, data: DataConfig) -> Inp
     if prompt is not None:
         if not isinstance(prompt, str):
             return record_error(line, record_id, REASON_BAD_PROMPT, f"{data.prompt_field!r} must be a string")
-        if _has_lone_surrogate(prompt):
+        if has_lone_surrogate(prompt):
             return record_error(line, record_id, REASON_BAD_PROMPT, "not valid Unicode (lone surrogate)")
         if not prompt.strip():
             return record_error(line, record_id, REASON_EMPTY_PROMPT)
         return InputRecord(line=line, id=record_id, prompt=prompt)
-    return _check_messages(line, record_id, messages, data)
+    return check_messages(line, record_id, messages, data.messages_field)
 
 
-def _check_messages(line: int, record_id: Any, messages: Any, data: DataConfig) -> InputRecord | RecordError:
+def check_messages(line: int, record_id: Any, messages: Any, field_name: str) -> InputRecord | RecordError:
+    """A chat record from a `messages` list (the input field `field_name`), or its error."""
     if not isinstance(messages, list) or not messages:
-        return record_error(
-            line, record_id, REASON_BAD_MESSAGES, f"{data.messages_field!r} must be a non-empty list"
-        )
+        return record_error(line, record_id, REASON_BAD_MESSAGES, f"{field_name!r} must be a non-empty list")
     for turn, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             return record_error(line, record_id, REASON_BAD_MESSAGES, f"turn {turn} needs a string 'role'")
         content = message.get("content")
-        if not isinstance(content, str) or _has_lone_surrogate(content):
+        if not isinstance(content, str) or has_lone_surrogate(content):
             return record_error(
                 line, record_id, REASON_BAD_MESSAGES, f"turn {turn} needs a valid string 'content'"
             )

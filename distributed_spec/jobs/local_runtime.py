@@ -6,6 +6,7 @@ Loads the pair with distributed_spec.models.load_pair (which checks the shared v
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -152,8 +153,13 @@ class LocalGenerator(SchedulerGenerator):
 
 
 def request_for_item(item: GenerationItem, config: EngineConfig, vocab_size: int, max_context: int):
-    """The engine request of a job item: seeded from (sampling.seed, record id), capped by the context
-    (model.max_context_len included)."""
+    """The engine request of a job item: seeded from (sampling.seed, record id) unless the item has its
+    own seed, capped by the context (model.max_context_len included), with the item's own sampling
+    settings over the job's."""
+    own = item.sampling
+    overrides = {
+        name: value for name, value in (("temperature", own.temperature), ("top_p", own.top_p)) if value is not None
+    }
     return make_request(
         item.prompt_ids,
         config,
@@ -162,4 +168,7 @@ def request_for_item(item: GenerationItem, config: EngineConfig, vocab_size: int
         key=item.handle,
         seed_key=item.seed_key,
         max_new_tokens=item.max_new_tokens,
+        sampling=dataclasses.replace(config.sampling, **overrides) if overrides else None,
+        seed=own.seed,
+        stop_strings=own.stop,
     )

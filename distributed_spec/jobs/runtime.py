@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from distributed_spec.config import DERIVED_KINDS, ConfigError, JobConfig, ModelConfig, ModelSourceConfig
+from distributed_spec.jobs.io import RecordSampling
 
 if TYPE_CHECKING:
     # Types only: importing the engine pulls in torch and transformers, which configuration
@@ -39,6 +40,9 @@ class GenerationItem:
     seed_key: str
     # Tokens to generate at most; None: sampling.max_new_tokens.
     max_new_tokens: int | None = None
+    # The item's own temperature, top-p, seed (replacing the seed from seed_key) and stop strings;
+    # unset fields: the job's.
+    sampling: RecordSampling = RecordSampling()
 
 
 class Generator(Protocol):

@@ -4,10 +4,15 @@ The same warping (temperature, top-k, top-p) is applied to draft and target logi
 losslessness guarantee holds with respect to the warped target distribution (docs/design.md section 1).
 Sampling is by inverse CDF from explicit uniforms: the same uniforms give the same token on every
 tensor-parallel rank and in every implementation of the verifier.
+
+Settings are per row: `RowSampling` gives each row of a batch its own `SamplingParams` (records of a
+job may ask for their own temperature and top-p). Rows that share settings are warped together by
+the one-setting warp, so a row's probabilities are exactly the ones it gets in a batch of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,14 +42,74 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+@dataclass(frozen=True)
+class RowSampling:
+    """Each row's own sampling settings: row b of a batch is warped with `rows[b]`."""
+
+    rows: tuple[SamplingParams, ...]
+
+    @classmethod
+    def uniform(cls, params: SamplingParams, batch_size: int) -> RowSampling:
+        return cls((params,) * batch_size)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def shared(self) -> SamplingParams | None:
+        """The settings every row has, or None when rows differ (or there are none)."""
+        first = self.rows[0] if self.rows else None
+        return first if all(params == first for params in self.rows) else None
+
+    def groups(self) -> list[tuple[SamplingParams, list[int]]]:
+        """(settings, the rows that have them), in order of first appearance."""
+        rows_of: dict[SamplingParams, list[int]] = {}
+        for row, params in enumerate(self.rows):
+            rows_of.setdefault(params, []).append(row)
+        return list(rows_of.items())
+
+    def greedy_rows(self) -> list[bool]:
+        return [params.is_greedy for params in self.rows]
+
+    def select(self, rows: Sequence[int]) -> RowSampling:
+        return RowSampling(tuple(self.rows[row] for row in rows))
+
+
+# What the warping functions accept: one setting for every row, or each row's own.
+Sampling = SamplingParams | RowSampling
+
+
+def by_row_groups(
+    sampling: RowSampling, tensors: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor]
+) -> torch.Tensor:
+    """fn(*tensors[rows], params) per group of rows sharing settings, gathered back into row order.
+
+    tensors: each [B, ...] with B = sampling.batch_size; fn returns [b, ...] for a group of b rows.
+    """
+    shared = sampling.shared()
+    if shared is not None:
+        return fn(*tensors, shared)
+    output = None
+    for params, rows in sampling.groups():
+        index = torch.tensor(rows, dtype=torch.long, device=tensors[0].device)
+        group_output = fn(*(tensor.index_select(0, index) for tensor in tensors), params)
+        if output is None:
+            output = group_output.new_empty((sampling.batch_size, *group_output.shape[1:]))
+        output.index_copy_(0, index, group_output)
+    assert output is not None, "RowSampling with no rows"
+    return output
+
+
+def logits_to_probs(logits: torch.Tensor, params: Sampling) -> torch.Tensor:
     """Warp logits and normalise.
 
     Args:
-        logits: [..., V] any float dtype.
+        logits: [..., V] any float dtype; [B, ..., V] when params is a RowSampling of B rows.
     Returns:
-        probs: [..., V] float32; one-hot on the argmax when params.temperature == 0.
+        probs: [..., V] float32; one-hot on the argmax where the temperature is 0.
     """
+    if isinstance(params, RowSampling):
+        return by_row_groups(params, [logits], logits_to_probs)
     logits = logits.float()
     if params.is_greedy:
         argmax_ids = logits.argmax(dim=-1, keepdim=True)

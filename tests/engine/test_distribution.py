@@ -1,4 +1,5 @@
-"""At temperature 1, speculative decoding samples the target's distribution, and block >= token.
+"""At temperature 1, speculative decoding samples the target's distribution, and block >= token;
+a row at its own temperature in a mixed batch samples the target's distribution at that temperature.
 
     .venv/bin/python -m pytest tests/engine/test_distribution.py -q
 
@@ -21,6 +22,7 @@ import torch
 from scipy.stats import chisquare
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.speculative import make_request
 from distributed_spec.models.tiny import tiny_llama
 from distributed_spec.verify import SamplingParams, logits_to_probs
 
@@ -38,13 +40,16 @@ def small_vocab_pair():
     return target, draft
 
 
-def exact_continuation_probs(model, prompt: list[int]) -> np.ndarray:
-    """[V^3] probability of every 3-token continuation (row-major over (x1, x2, x3))."""
+SAMPLE_AT_ONE = SamplingParams(temperature=1.0)
+
+
+def exact_continuation_probs(model, prompt: list[int], params: SamplingParams = SAMPLE_AT_ONE) -> np.ndarray:
+    """[V^3] probability of every 3-token continuation (row-major over (x1, x2, x3)) under `params`."""
     prefixes = list(itertools.product(range(VOCAB_SIZE), repeat=NUM_TOKENS - 1))
     input_ids = torch.tensor([prompt + list(prefix) for prefix in prefixes])  # [V^2, len + 2]
     with torch.no_grad():
         logits = model(input_ids).logits[:, -NUM_TOKENS:]  # [V^2, 3, V]
-    probs = logits_to_probs(logits, SamplingParams(temperature=1.0)).double()
+    probs = logits_to_probs(logits, params).double()
     joint = np.zeros([VOCAB_SIZE] * NUM_TOKENS)
     for index, (x1, x2) in enumerate(prefixes):
         joint[x1, x2, :] = (probs[index, 0, x1] * probs[index, 1, x2] * probs[index, 2]).numpy()
@@ -58,8 +63,12 @@ def chi_square_p_value(samples: list[list[int]], probs: np.ndarray) -> float:
     expected = probs * len(samples)
     large = expected >= 5
     if not large.all():
-        observed = np.append(observed[large], observed[~large].sum())
-        expected = np.append(expected[large], expected[~large].sum())
+        small_observed, small_expected = observed[~large].sum(), expected[~large].sum()
+        observed, expected = observed[large], expected[large]
+        if small_expected > 0:
+            observed, expected = np.append(observed, small_observed), np.append(expected, small_expected)
+        elif small_observed > 0:
+            return 0.0  # samples where the target has no mass (e.g. outside its top-p set)
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
@@ -170,3 +179,33 @@ def test_ngram_proposers_keep_the_target_distribution(small_vocab_pair, method, 
     if proposer == "model+ngram":
         # Rows without a match later on were drafted by the model.
         assert stats.extra["proposer/rows_model"] > 0
+
+
+def test_a_row_at_its_own_temperature_in_a_mixed_batch_follows_the_target_at_it(small_vocab_pair):
+    """Rows at temperature 0.5 share every batch with rows at temperature 1 (top-p 0.8) and greedy
+    rows; each group's first tokens follow the target warped with that group's own settings."""
+    target, draft = small_vocab_pair
+    cool, hot = SamplingParams(temperature=0.5), SamplingParams(temperature=1.0, top_p=0.8)
+    settings = [(cool, hot, cool, SamplingParams(temperature=0.0))[index % 4] for index in range(2 * NUM_SAMPLES)]
+    config = EngineConfig(method="block", gamma=2, max_new_tokens=NUM_TOKENS, max_batch_size=1024, seed=4000)
+    engine = SpeculativeEngine(target, draft, config)
+    requests = [
+        make_request(PROMPT, config, VOCAB_SIZE, None, key=index, seed_key=index, sampling=params)
+        for index, params in enumerate(settings)
+    ]
+    samples = {cool: [], hot: []}
+    greedy_samples = set()
+    for request in engine.stream(requests):
+        params = settings[request.key]
+        if params.is_greedy:
+            greedy_samples.add(tuple(request.output))
+        else:
+            samples[params].append(request.output)
+    assert len(samples[cool]) == NUM_SAMPLES
+    assert chi_square_p_value(samples[cool], exact_continuation_probs(target, PROMPT, cool)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples[hot], exact_continuation_probs(target, PROMPT, hot)) > P_VALUE_FLOOR
+    # Power: the neighbours' settings, and the draft at the row's own, are clearly rejected.
+    assert chi_square_p_value(samples[cool], exact_continuation_probs(target, PROMPT, hot)) < 1e-6
+    assert chi_square_p_value(samples[cool], exact_continuation_probs(draft, PROMPT, cool)) < 1e-6
+    # Greedy rows all decode the one argmax continuation.
+    assert len(greedy_samples) == 1

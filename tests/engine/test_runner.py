@@ -129,3 +129,27 @@ def test_rows_dropped_before_the_first_forward_leave_the_staged_prompts():
     logits = runner.forward_tokens(torch.tensor([[9], [10]]), num_logits=1)[:, 0]
     torch.testing.assert_close(logits[0], _fresh_last_logits(model, [8, 9]), atol=ATOL, rtol=0)
     torch.testing.assert_close(logits[1], _fresh_last_logits(model, [3, 4, 5, 10]), atol=ATOL, rtol=0)
+
+
+def test_new_rows_prefilled_apart_match_the_shared_forward(monkeypatch):
+    """A row joining a running batch: its prompt in a forward of its own (keys and values placed in
+    its padding slots) gives the logits of a fresh forward, now and after later blocks."""
+    model = tiny_llama(vocab_size=32, seed=8)
+    long_prompt = [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    for min_slots, expected_forwards in ((0, 3), (10**9, 2)):
+        monkeypatch.setattr(ModelRunner, "prefill_apart_min_slots", min_slots)
+        runner = ModelRunner(model)
+        runner.start([[4, 5], [6, 7, 8]])
+        runner.forward_tokens(torch.tensor([[9], [10]]))
+        # One short and one longer-than-the-cache prompt join; the running rows feed one token each.
+        runner.add_rows([[15, 16], long_prompt])
+        logits = runner.forward_tokens(torch.tensor([[17], [18], [19], [20]]), num_logits=1)[:, 0]
+        assert runner.num_forward_calls == expected_forwards
+        kept = [[4, 5, 9, 17], [6, 7, 8, 10, 18], [15, 16, 19], long_prompt + [20]]
+        for row in range(4):
+            torch.testing.assert_close(logits[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)
+        runner.rollback(torch.tensor([1, 1, 0, 1]), num_new_slots=1)
+        probe = runner.forward_tokens(torch.tensor([[21], [22], [23], [24]]), num_logits=1)[:, 0]
+        kept = [kept[0] + [21], kept[1] + [22], [15, 16, 23], kept[3] + [24]]
+        for row in range(4):
+            torch.testing.assert_close(probe[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)

@@ -13,6 +13,7 @@ import torch
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
+from distributed_spec.engine.speculative import build_requests
 from distributed_spec.verify import SamplingParams
 
 FILLER_TOKEN = 7
@@ -148,7 +149,21 @@ def test_goodput_stops_drafting_where_drafts_are_never_kept(tiny_pair):
         max_new_tokens=60,
         max_batch_size=1,
     )
-    results, stats = SpeculativeEngine(target, unrelated, config).generate_with_stats([[5, 6, 7]])
+    engine = SpeculativeEngine(target, unrelated, config)
+    scheduler = engine.scheduler()
+    # Step costs from a model of this host (a draft token costs 0.3 of a step), not the wall clock,
+    # which a loaded machine makes noisy.
+    clock = {"now": 0.0}
+    execute = engine.executor.execute
+
+    def timed_execute(plan):
+        clock["now"] += 1.0 + 0.3 * plan.gamma
+        return execute(plan)
+
+    engine.executor.execute = timed_execute
+    scheduler.clock = lambda: clock["now"]
+    list(scheduler.run(build_requests([[5, 6, 7]], config, engine.target_runner.vocab_size, engine.max_context)))
+    stats = scheduler.stats
     steps = stats.num_steps_per_draft_len
     assert sum(steps) == stats.num_target_calls and len(steps) == 4
     # The probe tries every g; after it, g = 0 dominates (exploration aside).

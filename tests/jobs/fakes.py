@@ -32,8 +32,9 @@ class FakeGenerator:
         self.max_new_tokens = max_new_tokens
         self.fail_on = fail_on
         self.batch_size = batch_size
-        # (prompt ids, seed keys) of each batch taken.
+        # (prompt ids, seed keys) of each batch taken, and every item taken.
         self.calls: list[tuple[list[list[int]], list[str]]] = []
+        self.items: list = []
         self.stats = RunStats()
         self.closed = False
 
@@ -51,6 +52,7 @@ class FakeGenerator:
             if not batch:
                 return
             prompt_ids = [item.prompt_ids for item in batch]
+            self.items.extend(batch)
             self.calls.append((prompt_ids, [item.seed_key for item in batch]))
             if self.fail_on is not None and any(self.fail_on in ids for ids in prompt_ids):
                 raise RuntimeError("fake engine failure")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import torch
+from scipy import stats
 
 from tests.verify import oracle
 
@@ -48,3 +50,25 @@ def sample_block_inputs(
             draft_probs[:, i] = q_i.float()
             draft_ids[:, i] = torch.multinomial(q_i, 1, generator=generator).squeeze(1)
     return draft_ids, draft_probs, target_probs
+
+
+def chi_square_p_value(observed: Counter, expected_probs: dict, num_samples: int) -> float:
+    """Goodness of fit of observed outcome counts to exact probabilities; rare outcomes pooled."""
+    keys = sorted(expected_probs, key=lambda k: -expected_probs[k])
+    observed_counts, expected_counts = [], []
+    pooled_observed, pooled_expected = 0.0, 0.0
+    for key in keys:
+        expected = expected_probs[key] * num_samples
+        if expected >= 5:
+            observed_counts.append(observed.get(key, 0))
+            expected_counts.append(expected)
+        else:
+            pooled_observed += observed.get(key, 0)
+            pooled_expected += expected
+    if any(key not in expected_probs for key in observed):
+        return 0.0  # an outcome of probability zero: no fit at all
+    if pooled_expected > 0:
+        observed_counts.append(pooled_observed)
+        expected_counts.append(pooled_expected)
+    scale = sum(observed_counts) / sum(expected_counts)
+    return stats.chisquare(observed_counts, [e * scale for e in expected_counts]).pvalue

@@ -74,6 +74,17 @@ def block_h(p_on: list[float], q_on: list[float], p_next: list[Dist], q_next: li
     return h, rs
 
 
+def _block_tau_probs(h: list[float]) -> list[float]:
+    """P(tau = i), i = 0..len(h): h_i times the probability that every later h_j failed."""
+    probs = []
+    for i in range(len(h) + 1):
+        prob = 1.0 if i == 0 else h[i - 1]
+        for j in range(i + 1, len(h) + 1):
+            prob *= 1.0 - h[j - 1]
+        probs.append(prob)
+    return probs
+
+
 # A draft-side stop: given context + X_1..X_i, whether the block ends after X_i.
 StopRule = Callable[[tuple[int, ...]], bool]
 
@@ -106,12 +117,7 @@ def iteration_outcomes(
         q_on = [q_dists[i][x] for i, x in enumerate(draft)]
         if method == "block":
             h, rs = block_h(p_on, q_on, p_dists[1:length], q_dists[1:length])
-            tau_probs = []
-            for i in range(length + 1):
-                prob = 1.0 if i == 0 else h[i - 1]
-                for j in range(i + 1, length + 1):
-                    prob *= 1.0 - h[j - 1]
-                tau_probs.append(prob)
+            tau_probs = _block_tau_probs(h)
             scales = [1.0] + rs
         elif method in ("token", "lossy"):
             tau_probs, reach = [], 1.0
@@ -290,3 +296,125 @@ def decide(
     cdf = list(itertools.accumulate(weights))
     y = next(i for i, c in enumerate(cdf) if c > threshold)
     return tau, y, min(abs(c - threshold) for c in cdf)
+
+
+# Multi-path verification (distributed_spec/verify/multipath.py): K independent draft paths, path k
+# drawn from its own table qs[k]; recursive block verification over the paths.
+
+
+def _multipath_stage(p: Table, qs: list[Table], context, paths, k: int, depth: int, first: Dist | None):
+    """Block verification of path k from `depth` against (first, then p); first None means p itself.
+
+    Returns h of that block and, for every verdict tau = depth..g, (tau, the weights Y would be drawn
+    from, whether it is the bonus): residual max(r_tau P_{tau+1} - q_{tau+1}, 0), or p_{g+1}.
+    """
+    path, gamma = paths[k], len(paths[k])
+    prefixes = [context + path[:i] for i in range(gamma + 1)]
+    p_dists = [p(pre) for pre in prefixes]
+    q_dists = [qs[k](pre) for pre in prefixes[:gamma]]
+    target_first = p_dists[depth] if first is None else first
+    p_on = [target_first[path[depth]]] + [p_dists[i][path[i]] for i in range(depth + 1, gamma)]
+    q_on = [q_dists[i][path[i]] for i in range(depth, gamma)]
+    h, rs = block_h(p_on, q_on, p_dists[depth + 1 : gamma], q_dists[depth + 1 : gamma])
+    stages = []
+    for accepted in range(gamma - depth + 1):
+        tau = depth + accepted
+        if tau == gamma:
+            stages.append((tau, p_dists[gamma], True))
+            continue
+        base = target_first if accepted == 0 else p_dists[tau]
+        scale = 1.0 if accepted == 0 else rs[accepted - 1]
+        stages.append((tau, [max(scale * a - b, 0.0) for a, b in zip(base, q_dists[tau])], False))
+    return h, stages
+
+
+def _next_sharing(paths, k: int, tau: int) -> int | None:
+    return next((j for j in range(k + 1, len(paths)) if paths[j][:tau] == paths[k][:tau]), None)
+
+
+def multipath_outcomes(
+    p: Table, qs: list[Table], context: tuple[int, ...], gamma: int, lossy: bool = False
+) -> dict:
+    """Exact distribution of one multi-path iteration: {(tau, emitted tokens): probability}.
+
+    Every K-tuple of paths (path k from qs[k], independently), every verdict of every stage. `lossy`
+    is a control that must fail the lossless check: the next path verified against p itself
+    instead of the residual."""
+    vocab_size = len(p(context))
+    if gamma == 0:
+        return {(0, (y,)): prob for y, prob in enumerate(p(context)) if prob > 0.0}
+    outcomes: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
+    all_paths = list(itertools.product(range(vocab_size), repeat=gamma))
+    for paths in itertools.product(all_paths, repeat=len(qs)):
+        weight = 1.0
+        for path, q in zip(paths, qs):
+            for i, x in enumerate(path):
+                weight *= q(context + path[:i])[x]
+        if weight == 0.0:
+            continue
+
+        def run(k: int, depth: int, first: Dist | None, prob: float, paths=paths) -> None:
+            h, stages = _multipath_stage(p, qs, context, paths, k, depth, first)
+            for (tau, weights, bonus), tau_prob in zip(stages, _block_tau_probs(h)):
+                if tau_prob == 0.0:
+                    continue
+                j = None if bonus else _next_sharing(paths, k, tau)
+                if j is not None:
+                    run(j, tau, None if lossy else _normalise(weights), prob * tau_prob)
+                    continue
+                for y, y_prob in enumerate(_normalise(weights)):
+                    if y_prob > 0.0:
+                        outcomes[(tau, paths[k][:tau] + (y,))] += prob * tau_prob * y_prob
+
+        run(0, 0, None, weight)
+    return dict(outcomes)
+
+
+def multipath_sequence_distribution(
+    p: Table, qs: list[Table], context: tuple[int, ...], gamma: int, length: int, lossy: bool = False
+) -> dict[tuple[int, ...], float]:
+    """Exact distribution of the first `length` tokens over repeated multi-path iterations."""
+    memo: dict[tuple[int, ...], dict] = {}
+    result: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def expand(generated: tuple[int, ...], prob: float) -> None:
+        if len(generated) >= length:
+            result[generated[:length]] += prob
+            return
+        ctx = context + generated
+        if ctx not in memo:
+            emitted: dict[tuple[int, ...], float] = defaultdict(float)
+            for (_, tokens), tokens_prob in multipath_outcomes(p, qs, ctx, gamma, lossy).items():
+                emitted[tokens] += tokens_prob
+            memo[ctx] = emitted
+        for tokens, tokens_prob in memo[ctx].items():
+            expand(generated + tokens, prob * tokens_prob)
+
+    expand((), 1.0)
+    return dict(result)
+
+
+def multipath_block_efficiency(p: Table, qs: list[Table], context: tuple[int, ...], gamma: int) -> float:
+    """E[tau + 1]: expected output tokens of one multi-path iteration (exact)."""
+    return sum((tau + 1) * prob for (tau, _), prob in multipath_outcomes(p, qs, context, gamma).items())
+
+
+def decide_multipath(
+    p: Table, qs: list[Table], paths: list[tuple[int, ...]], eta: list[list[float]], u: float
+) -> tuple[int, int, int, float]:
+    """The oracle's decision for one row given its uniforms (context ()): (tau, kept path, Y,
+    distance of u * total to the nearest CDF boundary), as `decide` for one path."""
+    k, depth, first, kept = 0, 0, None, 0
+    while True:
+        h, stages = _multipath_stage(p, qs, (), paths, k, depth, first)
+        accepted = max([i + 1 for i in range(len(h)) if eta[k][depth + i] < h[i]], default=0)
+        tau, weights, bonus = stages[accepted]
+        kept = k if accepted > 0 else kept
+        j = None if bonus else _next_sharing(paths, k, tau)
+        if j is None:
+            break
+        k, depth, first = j, tau, _normalise(weights)
+    threshold = u * sum(weights)
+    cdf = list(itertools.accumulate(weights))
+    y = next(i for i, c in enumerate(cdf) if c > threshold)
+    return tau, kept, y, min(abs(c - threshold) for c in cdf)

@@ -154,3 +154,69 @@ def test_block_never_worse_than_token():
             instances += 1
     assert instances >= 100
     assert strictly_better > 0.8 * instances
+
+
+# Multi-path verification (docs/design.md section 7): K independent paths, recursive block verification.
+
+
+def point_mass_table(vocab_size: int, seed: int) -> oracle.Table:
+    """A deterministic proposer (an n-gram lookup's kind): q is one-hot on a token fixed by the prefix."""
+    return lambda prefix: [float(x == hash((seed, prefix)) % vocab_size) for x in range(vocab_size)]
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "gamma", "num_paths", "length"),
+    [(3, 1, 2, 3), (3, 1, 3, 3), (3, 2, 2, 3), (3, 2, 3, 3), (2, 3, 2, 4), (2, 1, 4, 4)],
+)
+def test_multipath_lossless_sequence_distribution(vocab_size, gamma, num_paths, length):
+    """K i.i.d. draft paths: repeated iterations produce exactly the target's sequence distribution."""
+    for seed in range(2):
+        p = oracle.RandomTable(vocab_size, seed=900 + seed, concentration=0.7)
+        q = oracle.RandomTable(vocab_size, seed=950 + seed, concentration=0.7)
+        context = (seed % vocab_size,)
+        speculative = oracle.multipath_sequence_distribution(p, [q] * num_paths, context, gamma, length)
+        assert abs(sum(speculative.values()) - 1.0) < 1e-9
+        assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, context, length)) < 1e-9
+
+
+def test_multipath_with_one_path_is_block_verification():
+    for seed in range(3):
+        p = oracle.RandomTable(3, seed=10 + seed, concentration=0.6)
+        q = oracle.RandomTable(3, seed=20 + seed, concentration=0.6)
+        for gamma in (0, 1, 2, 3):
+            block = oracle.iteration_outcomes("block", p, q, (1,), gamma)
+            assert oracle.total_variation(oracle.multipath_outcomes(p, [q], (1,), gamma), block) < 1e-12
+
+
+@pytest.mark.parametrize("num_paths", [1, 2, 3])
+def test_multipath_lossless_with_point_mass_drafts(num_paths):
+    """q one-hot (an n-gram proposer): every path the same point mass, then one point-mass path beside
+    model paths (paths from different proposers, still independent)."""
+    p = oracle.RandomTable(3, seed=31, concentration=0.7)
+    model = oracle.RandomTable(3, seed=32, concentration=0.7)
+    target = oracle.target_sequence_distribution(p, (0,), 3)
+    for gamma in (1, 2):
+        point_mass = point_mass_table(3, seed=gamma)
+        for qs in ([point_mass] * num_paths, [model] * (num_paths - 1) + [point_mass], [point_mass] + [model] * (num_paths - 1)):
+            speculative = oracle.multipath_sequence_distribution(p, qs, (0,), gamma, 3)
+            assert oracle.total_variation(speculative, target) < 1e-9, (gamma, num_paths)
+
+
+def test_multipath_oracle_detects_a_lossy_rule():
+    """Control: verifying the next path against p instead of the residual is not lossless."""
+    p = oracle.RandomTable(3, seed=41, concentration=0.7)
+    q = oracle.RandomTable(3, seed=42, concentration=0.7)
+    speculative = oracle.multipath_sequence_distribution(p, [q, q], (0,), 2, 3, lossy=True)
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 3)) > 1e-3
+
+
+def test_more_paths_raise_block_efficiency():
+    """E[tau + 1] grows with K (never falls: a path is used only where one token would be drawn)."""
+    strictly_better = 0
+    for seed in range(12):
+        p = oracle.RandomTable(3, seed=1100 + seed, concentration=0.5)
+        q = oracle.RandomTable(3, seed=1200 + seed, concentration=0.5)
+        efficiencies = [oracle.multipath_block_efficiency(p, [q] * k, (0,), 2) for k in (1, 2, 3)]
+        assert efficiencies[0] <= efficiencies[1] + 1e-12 <= efficiencies[2] + 2e-12, (seed, efficiencies)
+        strictly_better += efficiencies[1] > efficiencies[0] + 1e-6
+    assert strictly_better >= 10

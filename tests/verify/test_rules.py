@@ -5,7 +5,6 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy import stats
 
 from distributed_spec.verify import (
     SamplingParams,
@@ -18,32 +17,10 @@ from distributed_spec.verify import (
 )
 from distributed_spec.verify.rules import _on_path
 from tests.verify import oracle
-from tests.verify.batched import dense_table, sample_block_inputs
+from tests.verify.batched import chi_square_p_value, dense_table, sample_block_inputs
 
 # Each chi-square test fails by chance with probability 1e-4 (fixed seeds make reruns identical).
 FALSE_ALARM_RATE = 1e-4
-
-
-def _chi_square_p_value(observed: Counter, expected_probs: dict, num_samples: int) -> float:
-    """Goodness of fit of observed outcome counts to exact probabilities; rare outcomes pooled."""
-    keys = sorted(expected_probs, key=lambda k: -expected_probs[k])
-    observed_counts, expected_counts = [], []
-    pooled_observed, pooled_expected = 0.0, 0.0
-    for key in keys:
-        expected = expected_probs[key] * num_samples
-        if expected >= 5:
-            observed_counts.append(observed.get(key, 0))
-            expected_counts.append(expected)
-        else:
-            pooled_observed += observed.get(key, 0)
-            pooled_expected += expected
-    if any(key not in expected_probs for key in observed):
-        return 0.0  # an outcome of probability zero: no fit at all
-    if pooled_expected > 0:
-        observed_counts.append(pooled_observed)
-        expected_counts.append(pooled_expected)
-    scale = sum(observed_counts) / sum(expected_counts)
-    return stats.chisquare(observed_counts, [e * scale for e in expected_counts]).pvalue
 
 
 def _outcome_counts(output, draft_ids, num_draft_tokens) -> Counter:
@@ -85,7 +62,7 @@ def test_sampled_outcomes_match_oracle_with_ragged_rows(method, vocab_size, gamm
             else oracle.iteration_outcomes(method, p, q, context, n)
         )
         observed = Counter({(tau, tokens): c for (row_n, tau, tokens), c in counts.items() if row_n == n})
-        p_value = _chi_square_p_value(observed, expected, sum(observed.values()))
+        p_value = chi_square_p_value(observed, expected, sum(observed.values()))
         assert p_value > FALSE_ALARM_RATE, (method, n, p_value)
 
 
@@ -104,7 +81,7 @@ def test_sampling_detects_a_wrong_distribution(method):
         {(tau, tokens): c for (_, tau, tokens), c in _outcome_counts(output, draft_ids, n).items()}
     )
     other = "token" if method == "block" else "block"
-    assert _chi_square_p_value(counts, oracle.iteration_outcomes(other, p, q, (), 3), 100_000) < 1e-6
+    assert chi_square_p_value(counts, oracle.iteration_outcomes(other, p, q, (), 3), 100_000) < 1e-6
 
 
 @pytest.mark.parametrize("method", ["block", "token"])
@@ -251,7 +228,7 @@ def test_warped_distributions_match_oracle(method):
         }
     )
     assert (
-        _chi_square_p_value(counts, oracle.iteration_outcomes(method, p, q, (), gamma), num_rows)
+        chi_square_p_value(counts, oracle.iteration_outcomes(method, p, q, (), gamma), num_rows)
         > FALSE_ALARM_RATE
     )
 

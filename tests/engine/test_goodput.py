@@ -1,0 +1,60 @@
+"""The goodput schedule's parts: the step-cost model and the acceptance estimate it chooses from.
+
+.venv/bin/python -m pytest tests/engine/test_goodput.py -q
+"""
+
+from __future__ import annotations
+
+import random
+
+from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance, StepCostModel
+
+# Seconds per step at B = 1 by g, as measured on 2 CPU cores for the default pair (bf16).
+STEP_SECONDS = {0: 0.0435, 1: 0.054, 2: 0.057}
+# Per-position acceptance of the default pair at T = 1 (docs/RESULTS.md): g = 2 pays ~1.1x.
+TRUE_RATES = (0.35, 0.2)
+
+
+def _simulate(optimism: float, num_steps: int = 300) -> list[int]:
+    """A B = 1 run: the first six drafted positions are all rejected (bad luck), then verdicts
+    follow TRUE_RATES. Returns the steps per g."""
+    policy = GoodputPolicy(max_draft_len=2, optimism=optimism)
+    rng = random.Random(0)
+    record = RowAcceptance()
+    steps = [0, 0, 0]
+    num_unlucky = 6
+    for _ in range(num_steps):
+        gamma = policy.choose_step([(8, record)], 1)
+        steps[gamma] += 1
+        accepted = 0
+        while accepted < gamma and num_unlucky == 0 and rng.random() < TRUE_RATES[accepted]:
+            accepted += 1
+        num_unlucky = max(num_unlucky - gamma, 0)
+        record.observe(accepted, policy.predicted_accepted(gamma))
+        policy.observe_acceptance([gamma], [accepted])
+        policy.observe_step(1, gamma, STEP_SECONDS[gamma])
+    return steps
+
+
+def test_early_rejections_do_not_stop_drafting_for_good():
+    """With the mean alone, six unlucky rejections at start-up keep the policy at g = 0 (seen in a
+    B = 1 job run); the upper confidence bound brings it back to drafting, where the goodput is."""
+    greedy = _simulate(optimism=0.0)
+    assert greedy[0] > 0.8 * sum(greedy)
+    optimistic = _simulate(optimism=1.0)
+    assert optimistic[1] + optimistic[2] > 0.6 * sum(optimistic)
+
+
+def test_cells_learn_from_steps_that_feed_prompts():
+    """Where rows join at most steps, the cells still follow the cost: the prompt tokens' share is
+    estimated against the cell and taken off."""
+    model = StepCostModel()
+    model.observe(16, 1, 0.100, step=0)
+    rng = random.Random(0)
+    for step in range(1, 60):
+        # The (16, 1) step got slower (0.100 -> 0.150); nine steps in ten also feed 10-80 prompt
+        # tokens at 1 ms each.
+        num_prompt_tokens = 0 if step % 10 == 0 else rng.randint(10, 80)
+        model.observe(16, 1, 0.150 + num_prompt_tokens * 0.001, step=step, num_prefill_tokens=num_prompt_tokens)
+    assert abs(model.predict(16, 1) - 0.150) < 0.01
+    assert abs(model.prefill_seconds_per_token - 0.001) < 0.0003
