@@ -78,11 +78,18 @@ def _register_resolvers() -> None:
     # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
     # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on.
     OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
+    # ${ds.proposer:proposer,ngram_min,ngram_max}: "" for the draft model (the directories of runs
+    # from before proposers existed), "-ngram1-3" / "-model+ngram1-3" otherwise.
+    OmegaConf.register_new_resolver("ds.proposer", _proposer_dir_name, replace=True)
 
 
 def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold) -> str:
     name = {"constant": f"g{gamma}", "adaptive": f"g{gamma}a{max_gamma}", "goodput": f"gp{max_gamma}"}[schedule]
     return name + (f"c{confidence_threshold}" if confidence_threshold else "")
+
+
+def _proposer_dir_name(proposer, ngram_min, ngram_max) -> str:
+    return "" if proposer == "model" else f"-{proposer}{ngram_min}-{ngram_max}"
 
 
 _register_resolvers()
@@ -122,9 +129,13 @@ def fingerprint(job: JobConfig) -> dict[str, Any]:
     """The settings that decide what a completion is; resuming with others is refused."""
     settings = job.to_dict()
     data = settings["data"]
+    verifier = settings["verifier"]
+    if verifier["proposer"] == "model":
+        # With the draft model the n-gram keys change nothing, and runs from before they existed resume.
+        verifier = {key: value for key, value in verifier.items() if key not in ("proposer", "ngram_min", "ngram_max")}
     return {
         "model": {key: settings["model"][key] for key in ("target", "draft", "tokenizer", "dtype")},
-        "verifier": settings["verifier"],
+        "verifier": verifier,
         "sampling": settings["sampling"],
         "input_path": str(Path(data["input_path"]).expanduser().resolve()),
         "format": data["format"],

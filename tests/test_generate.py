@@ -72,6 +72,9 @@ def test_sample_prompts_are_valid_and_varied():
         (["data.batch_size=0"], "data.batch_size"),
         (["tracking.mode=cloud"], "tracking.mode"),
         (["+verifier.gama=3"], "verifier.gama"),
+        (["verifier.proposer=lookup"], "verifier.proposer"),
+        (["verifier=autoregressive", "verifier.proposer=ngram"], "verifier.proposer"),
+        (["verifier.proposer=ngram", "verifier.ngram_min=4"], "verifier.ngram_min"),
     ],
 )
 def test_bad_configuration_names_the_key(overrides, key):
@@ -86,6 +89,8 @@ def test_bad_configuration_names_the_key(overrides, key):
         (["verifier.gamma_schedule=constant"], "block-g4-t0.7-n128-s0"),
         (["verifier.gamma_schedule=adaptive", "verifier.gamma=2", "verifier.max_gamma=8"], "block-g2a8-t0.7-n128-s0"),
         (["verifier.gamma_schedule=constant", "verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
+        (["verifier.proposer=ngram"], "block-gp4-ngram1-3-t0.7-n128-s0"),
+        (["verifier.proposer=model+ngram", "verifier.ngram_min=2"], "block-gp4-model+ngram2-3-t0.7-n128-s0"),
     ],
 )
 def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):
@@ -102,6 +107,16 @@ def test_parallel_keys_mirror_the_ray_runtime_config():
         assert field.name in ours, f"conf/parallel and ParallelConfig lack parallel.{field.name}"
         if field.name not in ("device", "backend"):
             assert ours[field.name] == field.default, field.name
+
+
+def test_proposers_mirror_the_engine():
+    from distributed_spec.config import PROPOSERS
+    from distributed_spec.engine.proposers import PROPOSERS as ENGINE_PROPOSERS
+
+    assert PROPOSERS == ENGINE_PROPOSERS
+    job = _compose(["verifier.proposer=ngram"])
+    assert job.verifier.proposer == "ngram" and not job.verifier.uses_draft_model
+    assert _compose(["verifier.proposer=model+ngram"]).verifier.uses_draft_model
 
 
 def test_model_kinds_mirror_the_loader():
@@ -218,6 +233,28 @@ def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):
         meta = json.loads((run_dir / "run_meta.json").read_text())
         assert f"verifier.gamma={meta['verifier']['gamma']}" in run_dir.name
         assert f"verifier={meta['verifier']['method']}" in run_dir.name
+
+
+def test_ngram_proposer_job_loads_no_draft_and_reports_its_rows(tiny_pair, tmp_path):
+    """proposer=ngram: the target alone is loaded; the summary counts the rows served by n-grams."""
+    from distributed_spec.generate import run
+    from distributed_spec.jobs.local_runtime import LocalGenerator
+
+    input_path = tmp_path / "prompts.jsonl"
+    write_prompts(input_path, 4)
+    job = _compose(
+        tiny_args(
+            tiny_pair, input_path, "verifier.proposer=ngram", "sampling=greedy", "sampling.max_new_tokens=24",
+            "data.resume=false",
+        )
+    )
+    generator = LocalGenerator(job)
+    assert generator.engine.draft_runner is None
+    summary = run(job, output_dir=tmp_path / "out", generator=generator)
+    assert summary["records"] == 4 and summary["proposer/rows_ngram"] > 0
+    assert 0 < summary["proposer/accepted_ngram"] < summary["proposer/proposed_ngram"]
+    with pytest.raises(ConfigError, match="verifier.proposer=model"):
+        generator.reconfigure(_compose(tiny_args(tiny_pair, input_path)))
 
 
 def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):

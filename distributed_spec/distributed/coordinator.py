@@ -18,6 +18,10 @@ statistics); this class only runs each planned step on the actors (docs/design.m
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
+n-gram blocks (engine/proposers.py) come from the scheduler: with verifier.proposer=ngram, or in a
+step where every proposing row has a match, the coordinator builds the block itself (step 1 only
+applies the verdict and the row changes); with model+ngram the draft actor lays its own rows over
+them. No block is drafted ahead over n-gram rows.
 
 Faults: every wait covers all shards and the draft (`ray.wait`, so a dead actor surfaces at once
 as RayActorError; a hung group after parallel.step_timeout_s, as a StepTimeout). The coordinator
@@ -51,7 +55,7 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
-from distributed_spec.distributed.wire import DraftBlock, WireFormat, resolve_wire_dtype
+from distributed_spec.distributed.wire import WireFormat, point_mass_block, resolve_wire_dtype
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import BatchLost, Scheduler
@@ -127,10 +131,10 @@ class RayCoordinator:
         runtime: RayRuntimeConfig,
         tokenizer=None,
     ) -> None:
-        if config.uses_draft and draft_factory is None:
+        if config.uses_draft_model and draft_factory is None:
             raise ValueError(
-                f"engine.method={config.method!r} needs a draft model; set engine.method=autoregressive "
-                "to decode with the target alone"
+                f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
+                "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
             )
         self.config = config
         self.runtime = runtime
@@ -268,6 +272,7 @@ class RayCoordinator:
             try:
                 self.start()
                 settings = decode_settings(self.config, self.runtime, self.actors.device)
+                self._wire = settings.wire
                 refs = [shard.begin.remote(settings) for shard in self.actors.shards]
                 if self.actors.draft is not None:
                     refs.append(self.actors.draft.begin.remote(settings))
@@ -320,32 +325,37 @@ class RayCoordinator:
             sampling=plan.sampling,
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
-        # A launched draft sits idle while the method needs none (the autoregressive baseline).
-        draft = actors.draft if self.config.uses_draft else None
+        # A launched draft sits idle while no draft model is used (the autoregressive baseline, n-grams).
+        draft = actors.draft if self.config.uses_draft_model else None
+        model_gamma = plan.num_model_drafts if draft is not None else 0
         if draft is not None:
             draft_request = DraftRequest(
                 keep_rows=plan.keep_rows,
                 new_prompts=plan.new_prompts,
                 decoding=plan.decoding,
-                gamma=plan.gamma,
-                draft_uniforms=plan.draft_uniforms,
+                gamma=model_gamma,
+                draft_uniforms=plan.draft_uniforms[:, :model_gamma],
                 sampling=plan.sampling,
+                ngram_ids=plan.ngram_ids,
+                from_ngram=plan.from_ngram,
             )
             verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
-        if draft is None or plan.gamma == 0:
-            verifier_block = ids_block = DraftBlock(
-                draft_ids=torch.zeros(plan.num_rows, 0, dtype=torch.long),
-                probs_values=None,
-                probs_ids=None,
-                vocab_size=actors.vocab_size,
-            )
+        if model_gamma == 0:
+            # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
+            ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.gamma > 0 else None
+            if ngram_ids is None:
+                ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
+            verifier_block = point_mass_block(ngram_ids, actors.vocab_size, self._wire)
+            ids_block = verifier_block.without_probs()
         result_refs = [
             shard.score_and_verify.remote(verifier_block if rank == 0 else ids_block, request)
             for rank, shard in enumerate(actors.shards)
         ]
         if draft is not None:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
-            if self.runtime.overlap and plan.gamma > 0 and plan.next_gamma_guess > 0 and same_rows:
+            # Drafting ahead assumes the draft drafted every row's block (no n-gram rows).
+            model_only = plan.from_ngram is None or not bool(plan.from_ngram.any())
+            if self.runtime.overlap and model_gamma > 0 and plan.next_gamma_guess > 0 and same_rows and model_only:
                 draft.propose_ahead.remote(plan.next_gamma_guess)
             draft.commit.remote(result_refs[0])
         self._step_refs = result_refs

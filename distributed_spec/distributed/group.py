@@ -141,7 +141,7 @@ def launch(
             for slot in plan.shards
         ]
         draft = None
-        if engine.uses_draft:
+        if engine.uses_draft_model:
             slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)

@@ -159,3 +159,19 @@ def unpack_probs(block: DraftBlock, device: torch.device) -> torch.Tensor | None
         return values
     ids = None if block.probs_ids is None else block.probs_ids.to(device)
     return decode_probs(values, ids, block.vocab_size)
+
+
+def point_mass_block(ngram_ids: torch.Tensor, vocab_size: int, wire: WireFormat) -> DraftBlock:
+    """A block of n-gram proposals (engine/proposers.py), q a point mass at each token, built where
+    no draft runs (the coordinator): one (value 1, id) pair per position, whatever the wire format.
+
+    Args:
+        ngram_ids: [B, w] long.
+    """
+    send = wire.send_probs
+    return DraftBlock(
+        draft_ids=ngram_ids,
+        probs_values=torch.ones(*ngram_ids.shape, 1, dtype=torch.float32) if send else None,
+        probs_ids=ngram_ids[..., None].to(torch.int32) if send else None,
+        vocab_size=vocab_size,
+    )

@@ -73,7 +73,8 @@ class RayGenerator(SchedulerGenerator):
         # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
         generation_config = _GenerationConfigHolder(load_generation_config(job.model, target_spec))
         self._config = engine_config(job, eos_ids(self.tokenizer, generation_config))
-        uses_draft = job.verifier.method != "autoregressive"
+        uses_draft = job.verifier.uses_draft_model
+        self.has_draft_model = uses_draft
         self.coordinator = RayCoordinator(
             SpecFactory(target_spec),
             SpecFactory(draft_spec, target_spec=target_spec) if uses_draft else None,

@@ -48,6 +48,10 @@ def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
 def test_a_draft_method_needs_a_draft_factory():
     with pytest.raises(ValueError, match="engine.method=autoregressive"):
         RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
+    with pytest.raises(ValueError, match="engine.proposer=ngram"):
+        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), RayRuntimeConfig())
+    # n-gram blocks need no draft model.
+    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), RayRuntimeConfig()).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():
