@@ -115,7 +115,8 @@ def test_local_launcher_runs_the_job_end_to_end(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr.startswith("+ ") and "-m distributed_spec.generate" in result.stderr.splitlines()[0]
     completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    assert [record["id"] for record in completions] == [1, 2]
+    # Records are written as they finish (continuous batching), not in input order.
+    assert sorted(record["id"] for record in completions) == [1, 2]
     assert all(1 <= len(record["completion_ids"]) <= 8 for record in completions)
     assert len((out / "errors.jsonl").read_text().splitlines()) == 1
     assert "block efficiency" in result.stderr  # the summary table
