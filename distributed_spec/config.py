@@ -22,6 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 # "autoregressive" runs the same job with the target alone (no draft loaded): the baseline.
 VERIFIER_METHODS = ("block", "token", "greedy", "autoregressive")
 GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
+# Methods with a multi-path rule, allowed with verifier.num_paths > 1.
+MULTIPATH_METHODS = ("block", "greedy")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -253,6 +255,9 @@ class VerifierConfig:
     # A row's block ends after the first draft token whose draft probability is below this
     # (Hugging Face's assistant_confidence_threshold; exact for every method); 0 disables it.
     draft_confidence_threshold: float = 0.0
+    # K draft paths per row and step, scored in one target forward; one path's prefix is kept
+    # (docs/design.md section 7). 1: block verification as before. K > 1: method block or greedy.
+    num_paths: int = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -273,6 +278,17 @@ class VerifierConfig:
         _require(
             0.0 <= self.draft_confidence_threshold < 1.0,
             f"verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), got {self.draft_confidence_threshold}",
+        )
+        _require(self.num_paths >= 1, f"verifier.num_paths must be >= 1, got {self.num_paths}")
+        _require(
+            self.num_paths == 1 or self.method in MULTIPATH_METHODS,
+            f"verifier.num_paths={self.num_paths} needs a draft model and verifier.method in "
+            f"{MULTIPATH_METHODS} (e.g. verifier=block), got verifier.method={self.method!r}",
+        )
+        _require(
+            self.num_paths == 1 or self.draft_confidence_threshold == 0,
+            "verifier.num_paths > 1 needs verifier.draft_confidence_threshold=0 "
+            "(every path of a row verifies the same number of drafts)",
         )
 
 
@@ -404,6 +420,11 @@ class JobConfig:
             not (self.verifier.method == "greedy" and self.sampling.temperature > 0),
             "verifier=greedy matches argmax tokens and needs sampling.temperature=0; "
             "set sampling.temperature=0 or use verifier=block",
+        )
+        _require(
+            self.verifier.num_paths == 1 or self.parallel.runtime == "local",
+            f"verifier.num_paths={self.verifier.num_paths} runs in parallel.runtime=local only for now; "
+            "set verifier.num_paths=1 or parallel=local",
         )
 
     @classmethod

@@ -73,6 +73,11 @@ def test_sample_prompts_are_valid_and_varied():
         (["data.batch_size=0"], "data.batch_size"),
         (["tracking.mode=cloud"], "tracking.mode"),
         (["+verifier.gama=3"], "verifier.gama"),
+        (["verifier.num_paths=0"], "verifier.num_paths"),
+        (["verifier=token", "verifier.num_paths=2"], "verifier.num_paths"),
+        (["verifier=autoregressive", "verifier.num_paths=2"], "verifier.num_paths"),
+        (["verifier.num_paths=2", "verifier.draft_confidence_threshold=0.2"], "verifier.num_paths"),
+        (["parallel=ray", "verifier.num_paths=2"], "verifier.num_paths"),
     ],
 )
 def test_bad_configuration_names_the_key(overrides, key):
@@ -87,6 +92,7 @@ def test_bad_configuration_names_the_key(overrides, key):
         (["verifier.gamma_schedule=constant"], "block-g4-t0.7-n128-s0"),
         (["verifier.gamma_schedule=adaptive", "verifier.gamma=2", "verifier.max_gamma=8"], "block-g2a8-t0.7-n128-s0"),
         (["verifier.gamma_schedule=constant", "verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=constant", "verifier.num_paths=4"], "block-g4k4-t0.7-n128-s0"),
     ],
 )
 def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from distributed_spec.engine.multipath_step import run_multipath_step
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
 from distributed_spec.engine.steps import sample_autoregressive
@@ -41,6 +42,7 @@ class StepPlan:
     # [B] long in [0, gamma]: draft tokens each row verifies (0 for rows not decoding).
     num_draft_tokens: torch.Tensor
     # [B, gamma] float64: the draft's sampling uniforms; [B, gamma] eta and [B] u: the verifier's.
+    # With num_paths = K > 1: draft_uniforms and eta are [B, K, gamma] (one row per path).
     draft_uniforms: torch.Tensor
     eta: torch.Tensor
     u: torch.Tensor
@@ -50,6 +52,8 @@ class StepPlan:
     max_prefill_tokens: int = 0
     # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
     next_gamma_guess: int = 0
+    # K draft paths per row (multipath_step.py); 1: one path.
+    num_paths: int = 1
 
     @property
     def num_rows(self) -> int:
@@ -177,6 +181,11 @@ class LocalExecutor:
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if self.draft is not None:
             self.draft.update_rows(plan.keep_rows, plan.new_prompts)
+        if plan.num_paths > 1 and plan.gamma > 0:
+            accepted_counts, next_tokens, draft_ids = run_multipath_step(
+                self.target, self.draft, options.method, options.sampling, plan, watch.section
+            )
+            return self._outcome(watch, accepted_counts, next_tokens, draft_ids, plan.num_draft_tokens)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
         draft_probs = None
@@ -212,6 +221,16 @@ class LocalExecutor:
             self.target.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
             if self.draft is not None:
                 self.draft.commit(draft_ids, accepted_counts, next_tokens, decoding)
+        return self._outcome(watch, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
+
+    def _outcome(
+        self,
+        watch: _Stopwatch,
+        accepted_counts: torch.Tensor,
+        next_tokens: torch.Tensor,
+        draft_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+    ) -> StepOutcome:
         return StepOutcome(
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),

@@ -14,7 +14,7 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
 2. draft lengths: the schedule (`EngineConfig.gamma_schedule`) gives each decoding row its g, clipped
    so a row never verifies past its token budget; the step drafts the longest (0: no draft at all).
 3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
-   [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
+   [n], then the verifier's eta [n] and u ([K, n], [K, n] and u with K = num_paths > 1 draft paths). A row's tokens therefore never depend on which rows share
    its batch (up to floating-point ties) under any schedule that depends on the row's own history
    ("constant", "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
 4. the executor runs the step (executor.py); the scheduler appends tau accepted drafts + Y per row,
@@ -51,6 +51,25 @@ def request_seed(seed: int, key: Any) -> int:
     """The seed of a request's generator: a function of (the run's seed, the request's key) only, so a
     request draws the same uniforms in any batch, runtime or resumed run."""
     return zlib.crc32(f"{seed}\n{key}".encode()) & 0x7FFFFFFF
+
+
+def draw_path_uniforms(
+    rows: list[Request], num_draft_tokens: list[int], decoding: list[bool], gamma: int, num_paths: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each decoding row's uniforms for K paths of n drafts, from its own generator in one call: draft
+    uniforms [K, n] (path by path), then eta [K, n], then u. Returns draft_uniforms [B, K, g], eta
+    [B, K, g] float64 (UNUSED_UNIFORM / 1 past a row's n) and u [B]."""
+    draft_uniforms = torch.full((len(rows), num_paths, gamma), UNUSED_UNIFORM, dtype=torch.float64)
+    eta = torch.ones(len(rows), num_paths, gamma, dtype=torch.float64)
+    u = torch.zeros(len(rows), dtype=torch.float64)
+    for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
+        if on:
+            size = num_paths * num_drafts
+            draws = torch.rand(2 * size + 1, generator=request.generator, dtype=torch.float64)
+            draft_uniforms[index, :, :num_drafts] = draws[:size].view(num_paths, num_drafts)
+            eta[index, :, :num_drafts] = draws[size : 2 * size].view(num_paths, num_drafts)
+            u[index] = draws[-1]
+    return draft_uniforms, eta, u
 
 
 class BatchLost(RuntimeError):
@@ -195,16 +214,21 @@ class Scheduler:
             min(gamma, limit) if on else 0 for gamma, limit, on in zip(row_gammas, max_drafts, decoding)
         ]
         gamma = max(num_draft_tokens, default=0)
-        draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
-        eta = torch.ones(len(rows), gamma, dtype=torch.float64)
-        u = torch.zeros(len(rows), dtype=torch.float64)
-        for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
-            if on:
-                # The row's own stream: draft uniforms, then eta, then u (one call per step).
-                draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
-                draft_uniforms[index, :num_drafts] = draws[:num_drafts]
-                eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
-                u[index] = draws[-1]
+        # K paths only in steps that draft (g = 0 is a plain decoding step, the same at every K).
+        num_paths = config.num_paths if gamma > 0 else 1
+        if num_paths > 1:
+            draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, gamma, num_paths)
+        else:
+            draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
+            eta = torch.ones(len(rows), gamma, dtype=torch.float64)
+            u = torch.zeros(len(rows), dtype=torch.float64)
+            for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
+                if on:
+                    # The row's own stream: draft uniforms, then eta, then u (one call per step).
+                    draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
+                    draft_uniforms[index, :num_drafts] = draws[:num_drafts]
+                    eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
+                    u[index] = draws[-1]
         return StepPlan(
             keep_rows=keep_rows,
             new_prompts=[request.prompt_ids + request.output for request in joining],
@@ -217,6 +241,7 @@ class Scheduler:
             prefill_chunk_tokens=chunk,
             max_prefill_tokens=max(prefill, default=0),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
+            num_paths=num_paths,
         )
 
     def _next_gamma_guess(

@@ -43,6 +43,7 @@ def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfi
         gamma_schedule=job.verifier.gamma_schedule,
         max_gamma=job.verifier.max_gamma,
         draft_confidence_threshold=job.verifier.draft_confidence_threshold,
+        num_paths=job.verifier.num_paths,
         sampling=SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p),
         max_new_tokens=sampling.max_new_tokens,
         max_batch_size=job.data.batch_size,

@@ -148,3 +148,12 @@ def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method
     )
     assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
     assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
+
+
+@pytest.mark.parametrize(("num_paths", "gamma"), [(2, 2), (4, 1)])
+def test_multipath_keeps_the_target_distribution(small_vocab_pair, num_paths, gamma):
+    """K i.i.d. draft paths per row, scored in one target forward, one kept (engine.num_paths)."""
+    target, draft = small_vocab_pair
+    samples = sample_first_tokens(target, draft, "block", gamma, seed=4000, num_paths=num_paths)
+    assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
