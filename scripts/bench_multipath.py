@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distributed_spec.config import JobConfig, VerifierConfig
-from scripts.bench_throughput import PROMPTS_PATH, base_job, measure
+from scripts.bench_throughput import PROMPTS_PATH, base_job, measure, save_results
 
 logger = logging.getLogger("bench_multipath")
 
@@ -308,14 +308,8 @@ def plot(rows: list[dict], out: Path) -> Path:
 
 
 def write_results(measurements: list[Measurement], args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = table(measurements)
-    (out / "results.json").write_text(
-        json.dumps({"measurements": [m.__dict__ for m in measurements], "rows": rows}, indent=1) + "\n"
-    )
-    (out / "results.md").write_text(markdown(rows, args))
-    plot(rows, out)
+    save_results(Path(args.out), measurements, rows, markdown(rows, args), plot)
 
 
 def main(argv: list[str] | None = None) -> None:
