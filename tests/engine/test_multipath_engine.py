@@ -172,3 +172,12 @@ def test_multipath_draws_are_k_paths_then_eta_then_u():
 def test_bad_num_paths_is_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**overrides)
+
+
+def test_the_ray_runtime_rejects_several_paths():
+    pytest.importorskip("ray")
+    from distributed_spec.distributed.config import RayRuntimeConfig
+    from distributed_spec.distributed.coordinator import RayCoordinator
+
+    with pytest.raises(ValueError, match="num_paths=2"):
+        RayCoordinator(object(), object(), EngineConfig(num_paths=2), RayRuntimeConfig())
