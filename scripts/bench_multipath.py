@@ -103,6 +103,9 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
     generator = build_generator(replace(job, verifier=Policy(1, max(args.gammas)).verifier()))
     measurements: list[Measurement] = []
     try:
+        # Warm-up, not recorded: the first jobs of a process pay for lazy initialisation.
+        for policy in (Policy(0, 0), Policy(max(args.num_paths), max(args.gammas))):
+            measure_one(generator, job, policy, 1.0, max(args.batch_sizes), 0, TASKS[0], work)
         for temperature in args.temperatures:
             for batch_size in args.batch_sizes:
                 for seed_index, seed in enumerate(args.seeds):
