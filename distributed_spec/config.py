@@ -24,6 +24,8 @@ VERIFIER_METHODS = ("block", "token", "greedy", "autoregressive")
 GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
 # What proposes the blocks (mirrors distributed_spec.engine.proposers.PROPOSERS; a test checks).
 PROPOSERS = ("model", "ngram", "model+ngram")
+# Methods with a multi-path rule, allowed with verifier.num_paths > 1.
+MULTIPATH_METHODS = ("block", "greedy")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -264,6 +266,9 @@ class VerifierConfig:
     # The n-gram proposer matches the last n tokens, n from ngram_max down to ngram_min.
     ngram_min: int = 1
     ngram_max: int = 3
+    # K draft paths per row and step, scored in one target forward; one path's prefix is kept
+    # (docs/design.md section 7). 1: block verification as before. K > 1: method block or greedy.
+    num_paths: int = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -298,6 +303,22 @@ class VerifierConfig:
             1 <= self.ngram_min <= self.ngram_max,
             f"verifier.ngram_min and verifier.ngram_max need 1 <= ngram_min <= ngram_max, "
             f"got {self.ngram_min} and {self.ngram_max}",
+        )
+        _require(self.num_paths >= 1, f"verifier.num_paths must be >= 1, got {self.num_paths}")
+        _require(
+            self.num_paths == 1 or self.method in MULTIPATH_METHODS,
+            f"verifier.num_paths={self.num_paths} needs a draft model and verifier.method in "
+            f"{MULTIPATH_METHODS} (e.g. verifier=block), got verifier.method={self.method!r}",
+        )
+        _require(
+            self.num_paths == 1 or self.draft_confidence_threshold == 0,
+            "verifier.num_paths > 1 needs verifier.draft_confidence_threshold=0 "
+            "(every path of a row verifies the same number of drafts)",
+        )
+        _require(
+            self.num_paths == 1 or self.proposer == "model",
+            f"verifier.num_paths > 1 draws its paths from the draft model: set verifier.proposer=model "
+            f"(got {self.proposer!r}) or verifier.num_paths=1",
         )
 
     @property
@@ -442,6 +463,11 @@ class JobConfig:
             not (self.verifier.method == "greedy" and self.sampling.temperature > 0),
             "verifier=greedy matches argmax tokens and needs sampling.temperature=0; "
             "set sampling.temperature=0 or use verifier=block",
+        )
+        _require(
+            self.verifier.num_paths == 1 or self.parallel.runtime == "local",
+            f"verifier.num_paths={self.verifier.num_paths} runs in parallel.runtime=local only for now; "
+            "set verifier.num_paths=1 or parallel=local",
         )
 
     @classmethod

@@ -76,16 +76,18 @@ def _register_resolvers() -> None:
     OmegaConf.register_new_resolver("ds.asset", lambda name: str(PACKAGE_DIR / "assets" / name), replace=True)
     OmegaConf.register_new_resolver("ds.stem", lambda path: Path(str(path)).stem, replace=True)
     # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
-    # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on.
+    # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on and
+    # "k2" with 2 draft paths per row.
     OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
     # ${ds.proposer:proposer,ngram_min,ngram_max}: "" for the draft model (the directories of runs
     # from before proposers existed), "-ngram1-3" / "-model+ngram1-3" otherwise.
     OmegaConf.register_new_resolver("ds.proposer", _proposer_dir_name, replace=True)
 
 
-def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold) -> str:
+def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold, num_paths=1) -> str:
     name = {"constant": f"g{gamma}", "adaptive": f"g{gamma}a{max_gamma}", "goodput": f"gp{max_gamma}"}[schedule]
-    return name + (f"c{confidence_threshold}" if confidence_threshold else "")
+    name += f"c{confidence_threshold}" if confidence_threshold else ""
+    return name + (f"k{num_paths}" if num_paths != 1 else "")
 
 
 def _proposer_dir_name(proposer, ngram_min, ngram_max) -> str:
@@ -521,12 +523,14 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
             errors_total=errors_done.num_records + runner.metrics.num_errors,
             acceptance_per_position=runner.metrics.engine.acceptance_per_position,
             steps_per_draft_len=list(runner.metrics.engine.num_steps_per_draft_len),
+            num_paths=job.verifier.num_paths,
             output_dir=str(paths.root),
         )
         _write_json(paths.summary, summary)
         tracker.log_samples(runner.samples)
         tracker.summary({key: value for key, value in summary.items() if not isinstance(value, list)})
-        print_summary(summary, title=f"{job.model.name} {job.verifier.method} g={job.verifier.gamma}")
+        paths_tag = f" K={job.verifier.num_paths}" if job.verifier.num_paths > 1 else ""
+        print_summary(summary, title=f"{job.model.name} {job.verifier.method} g={job.verifier.gamma}{paths_tag}")
         logger.info(
             "done: %d records (%d in output), %d errors, %.1f tokens/s, block efficiency %.3f -> %s",
             summary["records"],

@@ -341,14 +341,18 @@ def plot(rows: list[dict], out: Path) -> Path:
 
 
 def write_results(measurements: list[Measurement], args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = table(measurements)
+    save_results(Path(args.out), measurements, rows, markdown(rows, args), plot)
+
+
+def save_results(out: Path, measurements: list, rows: list[dict], text: str, plot_rows) -> None:
+    """results.json (measurements and rows), results.md (text) and plot_rows(rows, out) into out."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(
         json.dumps({"measurements": [m.__dict__ for m in measurements], "rows": rows}, indent=1) + "\n"
     )
-    (out / "results.md").write_text(markdown(rows, args))
-    plot(rows, out)
+    (out / "results.md").write_text(text)
+    plot_rows(rows, out)
 
 
 def main(argv: list[str] | None = None) -> None:

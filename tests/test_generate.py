@@ -75,6 +75,11 @@ def test_sample_prompts_are_valid_and_varied():
         (["verifier.proposer=lookup"], "verifier.proposer"),
         (["verifier=autoregressive", "verifier.proposer=ngram"], "verifier.proposer"),
         (["verifier.proposer=ngram", "verifier.ngram_min=4"], "verifier.ngram_min"),
+        (["verifier.num_paths=0"], "verifier.num_paths"),
+        (["verifier=token", "verifier.num_paths=2"], "verifier.num_paths"),
+        (["verifier=autoregressive", "verifier.num_paths=2"], "verifier.num_paths"),
+        (["verifier.num_paths=2", "verifier.draft_confidence_threshold=0.2"], "verifier.num_paths"),
+        (["parallel=ray", "verifier.num_paths=2"], "verifier.num_paths"),
     ],
 )
 def test_bad_configuration_names_the_key(overrides, key):
@@ -91,6 +96,7 @@ def test_bad_configuration_names_the_key(overrides, key):
         (["verifier.gamma_schedule=constant", "verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
         (["verifier.proposer=ngram"], "block-gp4-ngram1-3-t0.7-n128-s0"),
         (["verifier.proposer=model+ngram", "verifier.ngram_min=2"], "block-gp4-model+ngram2-3-t0.7-n128-s0"),
+        (["verifier.gamma_schedule=constant", "verifier.num_paths=4"], "block-g4k4-t0.7-n128-s0"),
     ],
 )
 def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):

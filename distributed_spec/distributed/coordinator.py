@@ -136,6 +136,7 @@ class RayCoordinator:
                 f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
                 "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
             )
+        _require_one_path(config)
         self.config = config
         self.runtime = runtime
         self.tokenizer = tokenizer
@@ -239,6 +240,7 @@ class RayCoordinator:
 
     def scheduler(self, tokenizer=None) -> Scheduler:
         """The engine's scheduler with this runtime as its executor (`run` streams requests)."""
+        _require_one_path(self.config)  # (a job may have reconfigured it)
         self.start()
         scheduler = Scheduler(self.config, self, tokenizer or self.tokenizer)
         scheduler.on_step = self._on_step
@@ -445,6 +447,14 @@ class RayCoordinator:
                 # Host sync: raises RayActorError at once when this ref's actor died.
                 ray.get(ref)
         return ray.get(refs)
+
+
+def _require_one_path(config: EngineConfig) -> None:
+    if config.num_paths > 1:
+        raise ValueError(
+            f"engine.num_paths={config.num_paths}: multi-path drafting runs in the local runtime only "
+            "(verifier.num_paths=1 with parallel=ray)"
+        )
 
 
 def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig, device: str) -> DecodeSettings:

@@ -14,6 +14,8 @@ from distributed_spec.verify import VERIFY_METHODS, SamplingParams
 # "autoregressive" runs the target alone through the same loop: the baseline.
 ENGINE_METHODS = (*VERIFY_METHODS, "autoregressive")
 FINISH_REASONS = ("eos", "stop", "length")
+# Methods with a multi-path rule (verify/multipath.py).
+MULTIPATH_METHODS = ("block", "greedy")
 
 
 @dataclass
@@ -39,6 +41,9 @@ class EngineConfig:
     # The n-gram proposer matches the row's last n tokens, n from ngram_max down to ngram_min.
     ngram_min: int = 1
     ngram_max: int = 3
+    # K draft paths per row and step, verified together (docs/design.md section 7); 1: one path,
+    # block verification as before. K > 1 needs method "block" or "greedy".
+    num_paths: int = 1
     # Warping applied to draft and target logits alike (temperature 0 = greedy).
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Tokens to generate per prompt at most (finish_reason "length" when reached).
@@ -90,6 +95,23 @@ class EngineConfig:
             raise ValueError(
                 f"engine.ngram_min and engine.ngram_max need 1 <= ngram_min <= ngram_max, "
                 f"got {self.ngram_min} and {self.ngram_max}"
+            )
+        if self.num_paths < 1:
+            raise ValueError(f"engine.num_paths must be >= 1, got {self.num_paths}")
+        if self.num_paths > 1 and self.method not in MULTIPATH_METHODS:
+            raise ValueError(
+                f"engine.num_paths={self.num_paths} needs engine.method in {MULTIPATH_METHODS} (and a draft "
+                f"model), got {self.method!r}"
+            )
+        if self.num_paths > 1 and self.draft_confidence_threshold > 0:
+            raise ValueError(
+                "engine.num_paths > 1 needs engine.draft_confidence_threshold=0 (every path of a row "
+                "verifies the same number of drafts)"
+            )
+        if self.num_paths > 1 and self.proposer != "model":
+            raise ValueError(
+                f"engine.num_paths > 1 draws its paths from the draft model: needs engine.proposer='model', "
+                f"got {self.proposer!r}"
             )
         if self.max_new_tokens < 1:
             raise ValueError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")

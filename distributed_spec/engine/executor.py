@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from distributed_spec.engine.multipath_step import run_multipath_step
 from distributed_spec.engine.proposers import combine_blocks
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
@@ -42,6 +43,7 @@ class StepPlan:
     # [B] long in [0, gamma]: draft tokens each row verifies (0 for rows not decoding).
     num_draft_tokens: torch.Tensor
     # [B, gamma] float64: the draft's sampling uniforms; [B, gamma] eta and [B] u: the verifier's.
+    # With num_paths = K > 1: draft_uniforms and eta are [B, K, gamma] (one row per path).
     draft_uniforms: torch.Tensor
     eta: torch.Tensor
     u: torch.Tensor
@@ -60,6 +62,8 @@ class StepPlan:
     # Tokens the draft model drafts (the longest block of its own rows; 0: it does not run); None:
     # gamma (every proposing row is the model's).
     model_gamma: int | None = None
+    # K draft paths per row (multipath_step.py); 1: one path.
+    num_paths: int = 1
 
     @property
     def num_rows(self) -> int:
@@ -209,6 +213,11 @@ class LocalExecutor:
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if draft is not None:
             draft.update_rows(plan.keep_rows, plan.new_prompts)
+        if plan.num_paths > 1 and plan.gamma > 0:
+            accepted_counts, next_tokens, draft_ids = run_multipath_step(
+                self.target, draft, options.method, plan.sampling, plan, watch.section
+            )
+            return self._outcome(watch, accepted_counts, next_tokens, draft_ids, plan.num_draft_tokens)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
         draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
@@ -258,6 +267,16 @@ class LocalExecutor:
                 draft.commit(
                     draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
                 )
+        return self._outcome(watch, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
+
+    def _outcome(
+        self,
+        watch: _Stopwatch,
+        accepted_counts: torch.Tensor,
+        next_tokens: torch.Tensor,
+        draft_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+    ) -> StepOutcome:
         return StepOutcome(
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),
@@ -267,6 +286,6 @@ class LocalExecutor:
             draft_s=watch.seconds.get("draft", 0.0),
             target_s=watch.seconds.get("target", 0.0),
             verify_s=watch.seconds.get("verify", 0.0),
-            num_draft_calls=draft.runner.num_forward_calls if draft is not None else 0,
+            num_draft_calls=self.active_draft.runner.num_forward_calls if self.active_draft is not None else 0,
             num_target_calls=self.target.runner.num_forward_calls,
         )

@@ -3,7 +3,8 @@
     from distributed_spec.engine.runner import ModelRunner
 
 The same class serves the draft and the target (and, in the Ray runtime, each tensor-parallel shard
-of the target). Its verbs: `start`, `add_rows`, `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `compact`.
+of the target). Its verbs: `start`, `add_rows`, `prefill`, `forward_tokens`, `rollback`, `drop_rows`, `fork_rows`,
+`compact`.
 `start` / `add_rows` stage prompts so that they go through the model with the next `forward_tokens`
 calls (the first draft step, or the first block the target scores): no separate prefill forward,
 as in HF assisted generation, with the same cache afterwards. `add_rows` joins new rows to a running
@@ -30,6 +31,8 @@ How a batch of ragged rows lives in one cache (exact, no recompute):
   its own (`prefill_apart_min_slots`), and its keys and values land in the row's padding slots at the
   right end of the cache. Fed with the other rows' blocks instead, the chunk would pad every row of
   the forward (and of the cache) to its length: B x chunk slots where only the chunk is real.
+- `drop_rows` keeps a subset of rows (finished sequences stop costing work); `fork_rows` repeats
+  rows (K draft paths over one prefix).
 Why holes rather than cropping every row to the shortest kept prefix and re-feeding the tokens the
 other rows kept: re-feeding recomputes up to g tokens per row and iteration; a hole costs one masked
 slot in attention until the next compaction, and nothing is ever recomputed.
@@ -259,12 +262,18 @@ class ModelRunner:
 
     def drop_rows(self, keep_rows: torch.Tensor) -> None:
         """Keep only the rows `keep_rows` ([B'] long indices, in the new order)."""
-        keep_rows = keep_rows.to(self.device)
-        self._staged = [self._staged[index] for index in keep_rows.tolist()]
-        if self.cache is not None:
-            self.cache.batch_select_indices(keep_rows)
-        self.slot_mask = self.slot_mask[keep_rows]
+        self.fork_rows(keep_rows)
         self._maybe_compact()
+
+    def fork_rows(self, index: torch.Tensor) -> None:
+        """Row i of the new batch is a copy of row index[i] ([B'] long; indices may repeat): keys,
+        values, slot mask and staged tokens. Repeating rows forks them (multi-path drafting: K rows
+        share a prefix, docs/design.md section 7); no compaction, so the slot layout is unchanged."""
+        index = index.to(self.device)
+        self._staged = [list(self._staged[row]) for row in index.tolist()]
+        if self.cache is not None:
+            self.cache.batch_select_indices(index)
+        self.slot_mask = self.slot_mask[index]
 
     def compact(self) -> None:
         """Gather each row's kept slots to the right end (left padding) and crop the unused columns."""

@@ -15,9 +15,10 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    so a row never verifies past its token budget, and to its n-gram proposal when the n-gram proposer
    serves it (proposers.py: it runs here, on token ids); the step drafts the longest (0: no draft).
 3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
-   [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
-   its batch (up to floating-point ties) under any schedule that depends on the row's own history
-   ("constant", "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
+   [n], then the verifier's eta [n] and u ([K, n], [K, n] and u with K = num_paths > 1 draft
+   paths). A row's tokens therefore never depend on which rows share its batch (up to
+   floating-point ties) under any schedule that depends on the row's own history ("constant",
+   "adaptive"); "goodput" picks g from timings, so its sampled draws follow its g.
    Each row also has its own sampling settings (temperature, top-k, top-p) and stop strings, the
    engine's unless its request sets them; the plan carries them to the executor row by row.
 4. the executor runs the step (executor.py); the scheduler appends tau accepted drafts + Y per row,
@@ -60,6 +61,25 @@ def request_seed(seed: int, key: Any) -> int:
     """The seed of a request's generator: a function of (the run's seed, the request's key) only, so a
     request draws the same uniforms in any batch, runtime or resumed run."""
     return zlib.crc32(f"{seed}\n{key}".encode()) & 0x7FFFFFFF
+
+
+def draw_path_uniforms(
+    rows: list[Request], num_draft_tokens: list[int], decoding: list[bool], gamma: int, num_paths: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each decoding row's uniforms for K paths of n drafts, from its own generator in one call: draft
+    uniforms [K, n] (path by path), then eta [K, n], then u. Returns draft_uniforms [B, K, g], eta
+    [B, K, g] float64 (UNUSED_UNIFORM / 1 past a row's n) and u [B]."""
+    draft_uniforms = torch.full((len(rows), num_paths, gamma), UNUSED_UNIFORM, dtype=torch.float64)
+    eta = torch.ones(len(rows), num_paths, gamma, dtype=torch.float64)
+    u = torch.zeros(len(rows), dtype=torch.float64)
+    for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
+        if on:
+            size = num_paths * num_drafts
+            draws = torch.rand(2 * size + 1, generator=request.generator, dtype=torch.float64)
+            draft_uniforms[index, :, :num_drafts] = draws[:size].view(num_paths, num_drafts)
+            eta[index, :, :num_drafts] = draws[size : 2 * size].view(num_paths, num_drafts)
+            u[index] = draws[-1]
+    return draft_uniforms, eta, u
 
 
 class BatchLost(RuntimeError):
@@ -251,16 +271,21 @@ class Scheduler:
             from_ngram = torch.tensor([bool(tokens) and n > 0 for tokens, n in zip(proposals, num_draft_tokens)])
             ngram_ids = ngram_block([tokens[:n] if on else [] for tokens, n, on in zip(proposals, num_draft_tokens, from_ngram.tolist())])
             model_gamma = max((n for n, on in zip(num_draft_tokens, from_ngram.tolist()) if not on), default=0)
-        draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
-        eta = torch.ones(len(rows), gamma, dtype=torch.float64)
-        u = torch.zeros(len(rows), dtype=torch.float64)
-        for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
-            if on:
-                # The row's own stream: draft uniforms, then eta, then u (one call per step).
-                draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
-                draft_uniforms[index, :num_drafts] = draws[:num_drafts]
-                eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
-                u[index] = draws[-1]
+        # K paths only in steps that draft (g = 0 is a plain decoding step, the same at every K).
+        num_paths = config.num_paths if gamma > 0 else 1
+        if num_paths > 1:
+            draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, gamma, num_paths)
+        else:
+            draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
+            eta = torch.ones(len(rows), gamma, dtype=torch.float64)
+            u = torch.zeros(len(rows), dtype=torch.float64)
+            for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
+                if on:
+                    # The row's own stream: draft uniforms, then eta, then u (one call per step).
+                    draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
+                    draft_uniforms[index, :num_drafts] = draws[:num_drafts]
+                    eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
+                    u[index] = draws[-1]
         return StepPlan(
             keep_rows=keep_rows,
             new_prompts=[request.prompt_ids + request.output for request in joining],
@@ -277,6 +302,7 @@ class Scheduler:
             ngram_ids=ngram_ids,
             from_ngram=from_ngram,
             model_gamma=model_gamma if config.uses_draft_model else 0,
+            num_paths=num_paths,
         )
 
     def _ngram_proposals(self, rows: list[Request], max_drafts: list[int]) -> list[list[int]] | None:

@@ -58,6 +58,20 @@ def propose(
         g' <= g the longest block; num_drafted [B] long, each row's block length (<= g').
     """
     logits = draft.forward_tokens(draft_input_ids, draft_input_mask, num_logits=1)[:, -1]  # [B, V]
+    return draft_from_logits(draft, logits, gamma, params, draft_uniforms, to_sampled, confidence_threshold)
+
+
+def draft_from_logits(
+    draft: ModelRunner,
+    logits: torch.Tensor,
+    gamma: int,
+    params: Sampling,
+    draft_uniforms: torch.Tensor,
+    to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    confidence_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """propose after its first forward: sample X_1 from `logits` [B, V] (the draft's logits after
+    its pending input), then X_2..X_g feeding X_1..X_{g-1}. Same arguments and returns as propose."""
     num_drafted = torch.full((logits.shape[0],), gamma, dtype=torch.long, device=logits.device)  # [B]
     drafting = torch.ones_like(num_drafted, dtype=torch.bool)  # [B]
     draft_ids, draft_probs = [], []

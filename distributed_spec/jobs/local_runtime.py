@@ -47,6 +47,7 @@ def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfi
         proposer=job.verifier.proposer,
         ngram_min=job.verifier.ngram_min,
         ngram_max=job.verifier.ngram_max,
+        num_paths=job.verifier.num_paths,
         sampling=SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p),
         max_new_tokens=sampling.max_new_tokens,
         max_batch_size=job.data.batch_size,

@@ -209,3 +209,10 @@ def test_a_row_at_its_own_temperature_in_a_mixed_batch_follows_the_target_at_it(
     assert chi_square_p_value(samples[cool], exact_continuation_probs(draft, PROMPT, cool)) < 1e-6
     # Greedy rows all decode the one argmax continuation.
     assert len(greedy_samples) == 1
+@pytest.mark.parametrize(("num_paths", "gamma"), [(2, 2), (4, 1)])
+def test_multipath_keeps_the_target_distribution(small_vocab_pair, num_paths, gamma):
+    """K i.i.d. draft paths per row, scored in one target forward, one kept (engine.num_paths)."""
+    target, draft = small_vocab_pair
+    samples = sample_first_tokens(target, draft, "block", gamma, seed=4000, num_paths=num_paths)
+    assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
+    assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6

@@ -153,3 +153,25 @@ def test_new_rows_prefilled_apart_match_the_shared_forward(monkeypatch):
         kept = [kept[0] + [21], kept[1] + [22], [15, 16, 23], kept[3] + [24]]
         for row in range(4):
             torch.testing.assert_close(probe[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)
+def test_forked_rows_give_the_logits_of_the_original_row():
+    """fork_rows repeats rows (holes and staged tokens included); each copy then continues on its own."""
+    model = tiny_llama(vocab_size=32, seed=8)
+    runner = ModelRunner(model, compact_fraction=1.0)
+    runner.prefill([[3, 4, 5, 6], [7, 8]])
+    runner.forward_tokens(torch.tensor([[9, 10, 11], [12, 13, 14]]))
+    runner.rollback(torch.tensor([1, 3]), num_new_slots=3)  # row 0 now has a hole of 2 slots
+    runner.add_rows([[15, 16, 17]])  # row 2: a staged prompt, nothing cached yet
+    histories = [[3, 4, 5, 6, 9], [7, 8, 12, 13, 14], [15, 16, 17]]
+    runner.fork_rows(torch.tensor([0, 0, 0, 1, 1, 2, 2]))
+    assert runner.batch_size == 7 and runner.num_staged_tokens() == [0, 0, 0, 0, 0, 3, 3]
+    probe = torch.tensor([[20], [21], [22], [23], [24], [25], [26]])
+    logits = runner.forward_tokens(probe, num_logits=1)[:, 0]
+    for row, origin in enumerate([0, 0, 0, 1, 1, 2, 2]):
+        expected = _fresh_last_logits(model, histories[origin] + [probe[row, 0].item()])
+        torch.testing.assert_close(logits[row], expected, atol=ATOL, rtol=0)
+    # Keep one copy per original row (as after multi-path verification): each holds its own path.
+    runner.fork_rows(torch.tensor([2, 3, 6]))
+    logits = runner.forward_tokens(torch.tensor([[27], [28], [29]]), num_logits=1)[:, 0]
+    kept = [histories[0] + [22, 27], histories[1] + [23, 28], histories[2] + [26, 29]]
+    for row in range(3):
+        torch.testing.assert_close(logits[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)
