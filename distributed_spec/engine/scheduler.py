@@ -56,6 +56,11 @@ def request_seed(seed: int, key: Any) -> int:
     return zlib.crc32(f"{seed}\n{key}".encode()) & 0x7FFFFFFF
 
 
+# A request source may yield this while rows are running to say "nothing to admit now, ask again
+# next step" without ending the stream (a replica's work queue, jobs/replica_worker.py).
+NOT_READY = object()
+
+
 class BatchLost(RuntimeError):
     """The executor was rebuilt after a fault and holds no rows: the scheduler re-admits them."""
 
@@ -145,6 +150,8 @@ class Scheduler:
                         request = next(source, None)
                         if request is None:
                             exhausted = True
+                            break
+                        if request is NOT_READY:
                             break
                         self._admit(request)
                         joining.append(request)
