@@ -34,6 +34,17 @@ class Stop:
     epoch: int
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupHandle:
+    """What the driver needs to clean up after a replica that died: a placement group outlives the
+    actor that created it, and DeepSpeed's CPU all-reduce segments in /dev/shm outlive everything."""
+
+    placement_group: Any
+    master_addr: str
+    master_port: int
+    node_ids: tuple[str, ...]
+
+
 class ReplicaWorker:
     """The actor class (jobs/replicas.py starts it with num_cpus=0 and max_concurrency=2, so that
     `close` and `shards` answer while `run` decodes)."""
@@ -57,11 +68,16 @@ class ReplicaWorker:
                 # The scheduler's own tensors are tiny; the models' threads are the shards' and the draft's.
                 torch.set_num_threads(1)
                 self.generator = RayGenerator(self.job)
-        return {"max_context_len": self.generator.max_context_len, "placement_group": self._placement_group()}
+        return {"max_context_len": self.generator.max_context_len, "group": self._group()}
 
-    def _placement_group(self):
+    def _group(self) -> GroupHandle | None:
         actors = self.generator.coordinator.actors
-        return actors.placement_group if actors is not None else None
+        if actors is None:
+            return None
+        rendezvous = actors.rendezvous
+        return GroupHandle(
+            actors.placement_group, rendezvous.master_addr, rendezvous.master_port, tuple(actors.shard_node_ids)
+        )
 
     def reconfigure(self, job) -> None:
         self.job = job
@@ -113,7 +129,7 @@ class ReplicaWorker:
 
         for request in scheduler.run(requests()):
             num_in_batch -= 1
-            # Stats so far and the current placement group (a relaunched shard group has a new one).
-            payload = (to_result(request), scheduler.stats, self._placement_group())
+            # Stats so far and the current group (a relaunched shard group is a new one).
+            payload = (to_result(request), scheduler.stats, self._group())
             results.put((*tag, DONE, request.key, payload))
         return scheduler.stats

@@ -29,9 +29,11 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.queue import Empty, Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.distributed.coordinator import FAULT_ERRORS, GroupFailure
+from distributed_spec.distributed.group import _remove_shm_segments
 from distributed_spec.distributed.placement import cluster_nodes, local_num_cpus
 from distributed_spec.distributed.replica_placement import resolve_num_replicas
 from distributed_spec.engine.config import RunStats
@@ -54,9 +56,8 @@ class Replica:
     actor: Any
     # The run of the current stream; None when not running.
     run_ref: Any = None
-    # The replica's placement group as last reported (removed here if the replica dies: a placement
-    # group outlives the actor that created it).
-    placement_group: Any = None
+    # The replica's shard group as last reported (GroupHandle), released here if the replica dies.
+    group: Any = None
     alive: bool = True
 
     @property
@@ -118,7 +119,7 @@ class ReplicaPool:
             self.close()
             raise
         for replica, info in zip(self.replicas, infos):
-            replica.placement_group = info["placement_group"]
+            replica.group = info["group"]
         self.max_context_len = min(info["max_context_len"] for info in infos)
         logger.info("%d replica(s) up", self.num_replicas)
 
@@ -273,7 +274,7 @@ class ReplicaPool:
             self._tokens[index] += len(result.token_ids)
             replica = self.replicas[index]
             if replica.slot == slot and group is not None:
-                replica.placement_group = group
+                replica.group = group
             item = ledger.done(key)
             if item is not None:
                 self._records[index] += 1
@@ -376,12 +377,28 @@ class ReplicaPool:
             ray.kill(replica.actor, no_restart=True)
         except Exception:  # noqa: BLE001
             pass
-        if replica.placement_group is not None:
-            # Its shard and draft actors die with their owner; its placement group does not.
-            try:
-                remove_placement_group(replica.placement_group)
-            except Exception:  # noqa: BLE001 - removed already by the replica's own close
-                pass
+        if replica.group is not None:
+            release_group(replica.group)
+            replica.group = None
+
+
+def release_group(group) -> None:
+    """Remove a dead replica's placement group and /dev/shm segments (its shard and draft actors die
+    with their owner; these do not). Both are gone already when the replica closed itself."""
+    try:
+        remove_placement_group(group.placement_group)
+    except Exception:  # noqa: BLE001 - removed already
+        pass
+    for node_id in sorted(set(group.node_ids)):
+        try:
+            ray.get(
+                _remove_shm_segments.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                ).remote(group.master_addr, group.master_port),
+                timeout=30,
+            )
+        except Exception as error:  # noqa: BLE001 - the segments only cost memory
+            logger.warning("could not remove /dev/shm segments on node %s: %s", node_id, error)
 
 
 def _replica_cpus(runtime) -> float:
