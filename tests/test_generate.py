@@ -176,6 +176,18 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def sigkill_after_lines(process: subprocess.Popen, path: Path, num_lines: int, timeout_s: float) -> None:
+    """SIGKILL the job's whole process group once `path` holds `num_lines` lines."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= num_lines:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
 def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_path):
     num_records = 24
     input_path = tmp_path / "prompts.jsonl"
@@ -195,14 +207,7 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
     )
     process = _cli(args)
     completions = out / "completions.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        if completions.exists() and completions.read_bytes().count(b"\n") >= 4:
-            break
-        time.sleep(0.02)
-    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    sigkill_after_lines(process, completions, 4, timeout_s=120)
     num_before = completions.read_bytes().count(b"\n")
     assert 4 <= num_before < num_records
     # A SIGKILL can land mid-write: leave a torn line as it would.

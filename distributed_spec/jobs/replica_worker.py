@@ -6,7 +6,7 @@ batching: a finished row's place goes to the next queued record) and answers thr
 queue: TAKEN when it takes a record (before decoding it), DONE with the result when it finishes. Each
 message carries (epoch, replica index, incarnation) so the driver can drop stale ones. With rows
 running and the queue empty the scheduler is told NOT_READY (decode on, ask again next step); with
-no rows the replica blocks on the queue. A STOP ends the run once the rows in flight are done.
+no rows the replica blocks on the queue. A stop message ends the run once the rows in flight are done.
 A fault of the shard group is handled inside (RayCoordinator relaunches it, the rows are re-admitted);
 only a failure beyond parallel.max_restarts (GroupFailure) or the actor's own death reaches the driver.
 """
@@ -14,6 +14,7 @@ only a failure beyond parallel.max_restarts (GroupFailure) or the actor's own de
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -27,11 +28,17 @@ TAKEN = "taken"
 DONE = "done"
 
 
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """Put once per running replica when the driver has nothing left for this epoch."""
 
-    epoch: int
+
+def stop_message(epoch: int) -> tuple[int, None, None]:
+    """Put once per running replica when the driver has nothing left for this epoch."""
+    return (epoch, None, None)
+
+
+# Payloads cross the queues pickled here: the queue actors then never unpickle (and so never import)
+# the engine's classes, which costs seconds on a queue's first message.
+pack = pickle.dumps
+unpack = pickle.loads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +100,7 @@ class ReplicaWorker:
             self.generator.close()
 
     def run(self, work, results, epoch: int):
-        """Decode records from `work` until a Stop of this epoch; returns the run's RunStats."""
+        """Decode records from `work` until a stop message of this epoch; returns the run's RunStats."""
         from distributed_spec.engine.speculative import to_result
         from distributed_spec.jobs.local_runtime import request_for_item
 
@@ -115,21 +122,19 @@ class ReplicaWorker:
                         continue
                 else:
                     message = work.get(block=True)
-                if isinstance(message, Stop):
-                    if message.epoch == epoch:
-                        return
-                    continue
                 message_epoch, key, item = message
                 if message_epoch != epoch:
                     continue  # left over from an abandoned stream
+                if key is None:
+                    return  # a stop
                 # Reported before decoding starts, so the driver knows who holds it if this replica dies.
                 results.put((*tag, TAKEN, key, None))
                 num_in_batch += 1
-                yield request_for_item(item, generator._config, vocab_size, generator.max_context_len)
+                yield request_for_item(unpack(item), generator._config, vocab_size, generator.max_context_len)
 
         for request in scheduler.run(requests()):
             num_in_batch -= 1
             # Stats so far and the current group (a relaunched shard group is a new one).
             payload = (to_result(request), scheduler.stats, self._group())
-            results.put((*tag, DONE, request.key, payload))
+            results.put((*tag, DONE, request.key, pack(payload)))
         return scheduler.stats

@@ -40,7 +40,7 @@ from distributed_spec.engine.config import RunStats
 from distributed_spec.jobs.local_runtime import model_spec
 from distributed_spec.jobs.ray_runtime import load_tokenizer
 from distributed_spec.jobs.replica_ledger import WorkLedger
-from distributed_spec.jobs.replica_worker import TAKEN, ReplicaWorker, Stop
+from distributed_spec.jobs.replica_worker import TAKEN, ReplicaWorker, pack, stop_message, unpack
 from distributed_spec.jobs.runtime import GenerationItem
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class ReplicaPool:
             if error is not None:
                 failure = failure or error[1]
                 failed.add(error[0])
-        # Every running replica gets a Stop (after anything still queued) and ends its run.
+        # Every running replica gets a stop message (after anything still queued) and ends its run.
         for replica in self.replicas:
             if replica.run_ref is not None:
                 self._stop(ledger, epoch)
@@ -245,11 +245,11 @@ class ReplicaPool:
 
     def _put(self, ledger: WorkLedger, epoch: int, key: int) -> None:
         wire = dataclasses.replace(ledger.outstanding[key], handle=key)
-        self.work.put((epoch, key, wire))
+        self.work.put((epoch, key, pack(wire)))
         ledger.put(key)
 
     def _stop(self, ledger: WorkLedger, epoch: int) -> None:
-        self.work.put(Stop(epoch))
+        self.work.put(stop_message(epoch))
         ledger.put(None)
 
     def _collect(self, ledger: WorkLedger, epoch: int, timeout_s: float) -> Iterator[tuple[Any, Any]]:
@@ -269,7 +269,7 @@ class ReplicaPool:
                 if slot not in self._dead:
                     ledger.taken(key, slot)
                 continue
-            result, stats, group = payload
+            result, stats, group = unpack(payload)
             self._snapshots[slot] = stats
             self._tokens[index] += len(result.token_ids)
             replica = self.replicas[index]
@@ -357,7 +357,7 @@ class ReplicaPool:
             return
         _drain(self.work)
         for _ in running:
-            self.work.put(Stop(self._epoch))
+            self.work.put(stop_message(self._epoch))
         timeout_s = self.job.parallel.step_timeout_s * 4
         ready, _ = ray.wait([replica.run_ref for replica in running], num_returns=len(running), timeout=timeout_s)
         for replica in running:

@@ -13,10 +13,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,10 +35,10 @@ from distributed_spec.generate import run
 from distributed_spec.jobs.ray_runtime import RayGenerator
 from distributed_spec.jobs.replicas import ReplicaPool
 from tests.jobs.fakes import save_tiny_pair
+from tests.test_generate import _cli, sigkill_after_lines
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 NUM_RECORDS = 16
 SHM_SEGMENTS = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*"
 MAX_NEW_TOKENS = 12
@@ -206,19 +202,6 @@ def test_auto_counts_replicas_from_the_clusters_logical_resources(ray_cluster):
     assert resolve_num_replicas("auto", RayRuntimeConfig(tp_size=2, device="cuda", backend="nccl"), nodes) == 2
 
 
-def _cli(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "distributed_spec.generate", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_path, tmp_path_factory):
     expected = reference(single, workdir, tmp_path_factory)
     root, target, draft = workdir
@@ -248,14 +231,7 @@ def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_pat
     segments_before = set(glob.glob(SHM_SEGMENTS))
     process = _cli([*args, "parallel.num_replicas=2"])
     completions_path = out / "completions.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if completions_path.exists() and completions_path.read_bytes().count(b"\n") >= 3:
-            break
-        time.sleep(0.02)
-    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    sigkill_after_lines(process, completions_path, 3, timeout_s=300)
     # Nothing is left to delete the killed replicas' all-reduce segments: the test does.
     killed_segments = set(glob.glob(SHM_SEGMENTS)) - segments_before
     try:
@@ -272,3 +248,20 @@ def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_pat
         for path in killed_segments:
             Path(path).unlink(missing_ok=True)
 
+
+
+def test_an_ordinary_error_ends_the_stream_after_the_other_replicas_finish(pool):
+    """A record the models cannot take (a token id past the vocabulary) fails its replica's batch: the
+    pool raises once the other replica is done, having yielded every record not in that batch, and
+    serves the next stream as before."""
+    from distributed_spec.jobs.runtime import GenerationItem
+
+    items = [GenerationItem(handle=i, prompt_ids=[5, 6, 7 + i], seed_key=str(i)) for i in range(10)]
+    items[4] = GenerationItem(handle=4, prompt_ids=[5, 10_000], seed_key="4")
+    done = []
+    with pytest.raises(Exception, match="index|out of range"):
+        for handle, _ in pool.stream(items):
+            done.append(handle)
+    assert 4 not in done and len(done) == len(set(done)) and len(done) >= 10 - 3  # the failed batch: data.batch_size = 3 rows
+    good = [item for item in items if item.handle != 4]
+    assert sorted(handle for handle, _ in pool.stream(good)) == [item.handle for item in good]
