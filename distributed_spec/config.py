@@ -22,6 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 # "autoregressive" runs the same job with the target alone (no draft loaded): the baseline.
 VERIFIER_METHODS = ("block", "token", "greedy", "autoregressive")
 GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
+# What proposes the blocks (mirrors distributed_spec.engine.proposers.PROPOSERS; a test checks).
+PROPOSERS = ("model", "ngram", "model+ngram")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -161,7 +163,7 @@ class ParallelConfig:
     placement_strategy: str = "STRICT_PACK"
     placement_timeout_s: float = 30.0
     # Precision and top-k sparsity (0 = dense) of the draft probabilities sent to the target shards.
-    wire_dtype: str = "float32"
+    wire_dtype: str = "auto"
     wire_top_k: int = 0
     # Draft the next block while the shards verify the current one.
     overlap: bool = False
@@ -267,6 +269,13 @@ class VerifierConfig:
     # A row's block ends after the first draft token whose draft probability is below this
     # (Hugging Face's assistant_confidence_threshold; exact for every method); 0 disables it.
     draft_confidence_threshold: float = 0.0
+    # What proposes the blocks: `model` (the draft model), `ngram` (prompt lookup: what followed the
+    # row's last n tokens earlier in its own prompt and output; no draft model is loaded; a row
+    # without a match verifies no draft), `model+ngram` (n-gram where it matches, the model elsewhere).
+    proposer: str = "model"
+    # The n-gram proposer matches the last n tokens, n from ngram_max down to ngram_min.
+    ngram_min: int = 1
+    ngram_max: int = 3
 
     def __post_init__(self) -> None:
         _require(
@@ -288,6 +297,25 @@ class VerifierConfig:
             0.0 <= self.draft_confidence_threshold < 1.0,
             f"verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), got {self.draft_confidence_threshold}",
         )
+        _require(
+            self.proposer in PROPOSERS,
+            f"verifier.proposer={self.proposer!r} is unknown; choose one of {PROPOSERS}",
+        )
+        _require(
+            self.proposer == "model" or self.method != "autoregressive",
+            f"verifier.proposer={self.proposer} proposes blocks, but verifier.method=autoregressive verifies "
+            "none; set verifier.proposer=model or pick a verifier (e.g. verifier=block)",
+        )
+        _require(
+            1 <= self.ngram_min <= self.ngram_max,
+            f"verifier.ngram_min and verifier.ngram_max need 1 <= ngram_min <= ngram_max, "
+            f"got {self.ngram_min} and {self.ngram_max}",
+        )
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether the job loads a draft model (not for the autoregressive baseline, nor for n-grams)."""
+        return self.method != "autoregressive" and self.proposer != "ngram"
 
 
 @dataclass

@@ -78,11 +78,18 @@ def _register_resolvers() -> None:
     # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
     # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on.
     OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
+    # ${ds.proposer:proposer,ngram_min,ngram_max}: "" for the draft model (the directories of runs
+    # from before proposers existed), "-ngram1-3" / "-model+ngram1-3" otherwise.
+    OmegaConf.register_new_resolver("ds.proposer", _proposer_dir_name, replace=True)
 
 
 def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold) -> str:
     name = {"constant": f"g{gamma}", "adaptive": f"g{gamma}a{max_gamma}", "goodput": f"gp{max_gamma}"}[schedule]
     return name + (f"c{confidence_threshold}" if confidence_threshold else "")
+
+
+def _proposer_dir_name(proposer, ngram_min, ngram_max) -> str:
+    return "" if proposer == "model" else f"-{proposer}{ngram_min}-{ngram_max}"
 
 
 _register_resolvers()
@@ -122,9 +129,13 @@ def fingerprint(job: JobConfig) -> dict[str, Any]:
     """The settings that decide what a completion is; resuming with others is refused."""
     settings = job.to_dict()
     data = settings["data"]
+    verifier = settings["verifier"]
+    if verifier["proposer"] == "model":
+        # With the draft model the n-gram keys change nothing, and runs from before they existed resume.
+        verifier = {key: value for key, value in verifier.items() if key not in ("proposer", "ngram_min", "ngram_max")}
     return {
         "model": {key: settings["model"][key] for key in ("target", "draft", "tokenizer", "dtype")},
-        "verifier": settings["verifier"],
+        "verifier": verifier,
         "sampling": settings["sampling"],
         "input_path": str(Path(data["input_path"]).expanduser().resolve()),
         "format": data["format"],
@@ -258,6 +269,15 @@ class JobRunner:
                 except _InputFailure as failure:
                     raise failure.__cause__ from None
                 except Exception as err:
+                    from distributed_spec.engine.executor import is_out_of_memory  # noqa: PLC0415 - torch
+
+                    if is_out_of_memory(err):
+                        # The scheduler already retried at half the rows: these records fail as they are.
+                        logger.warning("out of memory with %d record(s) in flight: %s", len(in_flight), err)
+                        for pending_record in in_flight.values():
+                            self._write_generation_error(pending_record, err)
+                        self._count_failure(err)
+                        continue
                     logger.warning(
                         "generation failed with %d record(s) in flight; retrying them one by one",
                         len(in_flight),
@@ -319,12 +339,7 @@ class JobRunner:
                 for _, result in self.generator.stream([self._item(pending_record)]):
                     self._write_completion(pending_record, result)
             except Exception as err:
-                reason = f"{type(err).__name__}: {err}"
-                self._write_error(
-                    record_error(pending_record.record.line, pending_record.record.id, REASON_GENERATION, reason)
-                )
-                self.metrics.num_errors += 1
-                self.progress.update(1, self.metrics)
+                self._write_generation_error(pending_record, err)
                 self._count_failure(err)
             finally:
                 self.metrics.close_stream(self.generator.stats)
@@ -334,6 +349,13 @@ class JobRunner:
         self.errors.write(error.to_json())
         if self.job.data.format == "openai_batch":
             self.completions.write(openai_batch.error_line(error))
+
+    def _write_generation_error(self, pending_record: PendingRecord, err: Exception) -> None:
+        """The record failed to generate: its error line, with the exception."""
+        record = pending_record.record
+        self._write_error(record_error(record.line, record.id, REASON_GENERATION, f"{type(err).__name__}: {err}"))
+        self.metrics.num_errors += 1
+        self.progress.update(1, self.metrics)
 
     def _count_failure(self, err: Exception) -> None:
         self.num_consecutive_failures += 1

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m scripts.bench_distributed                       # B in {1, 8}, 32 new tokens, g = 4
     .venv/bin/python -m scripts.bench_distributed --batch-sizes 8 --max-new-tokens 16 --temperature 1
+    .venv/bin/python -m scripts.bench_distributed --bytes-only   # q bytes per iteration, V = 128,256, B in {8, 64}
 
 Target: the embedded SmolLM2-135M-Instruct. Draft (--draft auto): the bundled distilled draft when it
 exists, else the target's first --num-layers layers (untrained: low acceptance, but the same shapes
@@ -14,6 +15,10 @@ on the critical path), transfer (serialisation, object store, scheduling: what i
 forward, verification (decode q, verify, broadcast, crop caches), coordinator (its own Python);
 "overhead" = transfer + coordinator, the part the goal keeps under 10 % at B = 8; KB of q per
 iteration; blocks drafted ahead that were used; whether the tokens equal the engine's.
+
+--bytes-only runs nothing: it computes from the wire encodings (wire.block_wire_bytes) the bytes of
+the draft block each iteration sends to shard rank 0 (ids + q) and to every other shard (ids only),
+for --vocab-sizes x --batch-sizes at g = --gamma.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 
 from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import SpecFactory
+from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.models import ModelSpec
 from distributed_spec.models.loading import load_pair
@@ -120,9 +126,35 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], gamma: int, top_k: int) -> str:
+    """Markdown: the draft block's bytes per iteration for each wire encoding (computed, not measured)."""
+    encodings = [
+        ("float32 (CPU default)", WireFormat("float32")),
+        ("bfloat16 (cuda default)", WireFormat("bfloat16")),
+        ("float16", WireFormat("float16")),
+        (f"top-{top_k}, bfloat16 values + int32 ids", WireFormat("bfloat16", top_k=top_k)),
+        ("greedy verification (no q)", WireFormat(send_probs=False)),
+    ]
+    lines = [
+        "| wire | V | B | g | bytes to rank 0 / iteration | MB | bytes to each other shard |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for vocab_size in vocab_sizes:
+        for batch_size in batch_sizes:
+            ids_only = block_wire_bytes(batch_size, gamma, vocab_size, WireFormat(send_probs=False))
+            for label, wire in encodings:
+                total = block_wire_bytes(batch_size, gamma, vocab_size, wire)
+                lines.append(
+                    f"| {label} | {vocab_size:,} | {batch_size} | {gamma} | {total:,} | {total / 1e6:.2f} "
+                    f"| {ids_only:,} |"
+                )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="default: 1 8 (timing), 8 64 (--bytes-only)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--method", default="block", choices=["block", "token", "greedy"])
@@ -133,7 +165,14 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=float, default=float(os.cpu_count() or 2),
                         help="CPUs given to the target group (split among shards) and to the draft")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--bytes-only", action="store_true", help="print the wire bytes table and exit")
+    parser.add_argument("--vocab-sizes", type=int, nargs="+", default=[128_256], help="--bytes-only")
+    parser.add_argument("--top-k", type=int, default=64, help="--bytes-only: the top-k encoding's k")
     args = parser.parse_args()
+    if args.bytes_only:
+        print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.gamma, args.top_k))
+        return
+    args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
 
     target_spec, spec = ModelSpec("smollm2"), draft_spec(args)
@@ -167,7 +206,7 @@ def main() -> None:
         for tp_size in args.tp_sizes:
             runtime = RayRuntimeConfig(
                 tp_size=tp_size, num_cpus_per_shard=args.num_cpus / tp_size, num_cpus_draft=args.num_cpus,
-                load_timeout_s=900, step_timeout_s=300,
+                load_timeout_s=900, step_timeout_s=300, wire_dtype="float32",
             )
             variants = [("float32 q", runtime), ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
                         ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True))]

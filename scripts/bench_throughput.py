@@ -14,7 +14,8 @@ once per runtime; tokens/s is the job's own figure (generated tokens over its wa
 Policies, all in one run, taking turns within each (runtime, temperature, batch size, seed) so the
 machine's drift hits them alike: autoregressive (the target alone), constant g for each --gammas,
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
-max(--gammas)); continuous batching, plus static batches for --static-policies at the batch sizes of
+max(--gammas)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
+from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
 --static-batch-sizes. Runtimes: local (the single-process engine) and Ray at TP = 1 and 2 (ray1,
 ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
 At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
@@ -52,6 +53,8 @@ class Policy:
     gamma: int = 4
     max_gamma: int = 4
     confidence: float = 0.0
+    # verifier.proposer: model, ngram or model+ngram.
+    proposer: str = "model"
 
     def verifier(self) -> VerifierConfig:
         return VerifierConfig(
@@ -60,6 +63,7 @@ class Policy:
             gamma_schedule=self.gamma_schedule,
             max_gamma=max(self.max_gamma, self.gamma),
             draft_confidence_threshold=self.confidence,
+            proposer=self.proposer,
         )
 
 
@@ -75,6 +79,8 @@ class Measurement:
     block_efficiency: float
     num_tokens: int
     steps_per_draft_len: list[int] = field(default_factory=list)
+    # The summary's proposer/* counters (rows and drafts per proposer).
+    proposer_counts: dict[str, float] = field(default_factory=dict)
 
 
 def write_records(path: Path, num_records: int) -> None:
@@ -148,6 +154,12 @@ def policies(args: argparse.Namespace) -> list[Policy]:
             for gamma in args.gammas
         ]
     result.append(Policy("goodput", gamma_schedule="goodput", gamma=1, max_gamma=top))
+    if "model" not in args.proposers:
+        result = result[:1]
+    for proposer in (name for name in args.proposers if name != "model"):
+        # Blocks from n-grams (or n-grams where they match, else the model): fixed g and goodput.
+        result += [Policy(f"g={gamma} {proposer}", gamma=gamma, max_gamma=gamma, proposer=proposer) for gamma in args.gammas]
+        result.append(Policy(f"goodput {proposer}", gamma_schedule="goodput", gamma=1, max_gamma=top, proposer=proposer))
     return result
 
 
@@ -162,7 +174,9 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
     measurements: list[Measurement] = []
     for runtime in args.runtimes:
         job = base_job(args, runtime, input_path)
-        generator = build_generator(replace(job, verifier=all_policies[-1].verifier()))
+        # Loaded once: with the draft model whenever some policy uses it.
+        loading = next((policy for policy in all_policies if policy.verifier().uses_draft_model), all_policies[-1])
+        generator = build_generator(replace(job, verifier=loading.verifier()))
         batch_sizes = args.batch_sizes if runtime == "local" else args.ray_batch_sizes
         runtime_policies = all_policies if runtime == "local" else [p for p in all_policies if not p.confidence]
         try:
@@ -196,6 +210,9 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
                                     block_efficiency=summary["block_efficiency"],
                                     num_tokens=summary["new_tokens"],
                                     steps_per_draft_len=summary.get("steps_per_draft_len", []),
+                                    proposer_counts={
+                                        key: value for key, value in summary.items() if key.startswith("proposer/")
+                                    },
                                 )
                             )
                             logger.warning(
@@ -226,6 +243,12 @@ def table(measurements: list[Measurement]) -> list[dict]:
             runs = [m for m in cell if m.policy == policy and m.batching == batching]
             ratios = [m.tokens_per_s / baseline[m.seed] for m in runs if baseline.get(m.seed)]
             steps = [sum(column) for column in zip(*(m.steps_per_draft_len for m in runs))] if runs else []
+            # Share of the decoding rows whose block came from n-grams.
+            proposer_rows = [
+                (counts.get("proposer/rows_ngram", 0.0), sum(v for k, v in counts.items() if k.startswith("proposer/rows_")))
+                for counts in (m.proposer_counts for m in runs)
+            ]
+            total_rows = sum(total for _, total in proposer_rows)
             rows.append(
                 {
                     "runtime": runtime,
@@ -239,6 +262,7 @@ def table(measurements: list[Measurement]) -> list[dict]:
                     "block_efficiency": _mean([m.block_efficiency for m in runs]),
                     "seeds": len(runs),
                     "steps_per_draft_len": steps,
+                    "ngram_row_share": sum(ngram for ngram, _ in proposer_rows) / total_rows if total_rows else 0.0,
                 }
             )
     return rows
@@ -248,14 +272,14 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"Command: `python -m scripts.bench_throughput {' '.join(args.argv)}`".rstrip(),
         "",
-        "| runtime | T | B | policy | batching | tokens/s | x autoregressive (min over seeds) | block eff. | steps per g (g=0..) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| runtime | T | B | policy | batching | tokens/s | x autoregressive (min over seeds) | block eff. | steps per g (g=0..) | n-gram rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['runtime']} | {row['temperature']:g} | {row['batch_size']} | {row['policy']} | {row['batching']} "
             f"| {row['tokens_per_s']:.1f} | {row['ratio']:.2f} ({row['ratio_min']:.2f}) | {row['block_efficiency']:.2f} "
-            f"| {' '.join(map(str, row['steps_per_draft_len']))} |"
+            f"| {' '.join(map(str, row['steps_per_draft_len']))} | {row['ngram_row_share']:.0%} |"
         )
     lines += ["", "Goodput against the best of autoregressive and the fixed-g policies (continuous batching):", ""]
     lines += ["| runtime | T | B | best other | its x AR | goodput x AR | goodput / best |", "|---|---|---|---|---|---|---|"]
@@ -339,6 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--confidence", type=float, default=0.4, help="0: no confidence-stop policies")
+    parser.add_argument(
+        "--proposers", nargs="+", default=["model"], choices=["model", "ngram", "model+ngram"],
+        help="verifier.proposer of the drafting policies: each besides model adds fixed-g and goodput policies",
+    )
     parser.add_argument("--runtimes", nargs="+", default=["local", "ray1", "ray2"], choices=["local", "ray1", "ray2"])
     parser.add_argument("--static-batch-sizes", type=int, nargs="*", default=[16])
     parser.add_argument("--static-policies", nargs="*", default=["autoregressive", "goodput"])

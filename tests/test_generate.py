@@ -10,8 +10,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from distributed_spec.config import MODEL_KINDS, ConfigError, JobConfig, ParallelConfig
 from distributed_spec.generate import CONF_DIR
+from tests.jobs.cli_runs import cli, read_jsonl, tiny_args, write_prompts
 from tests.jobs.fakes import save_tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +72,9 @@ def test_sample_prompts_are_valid_and_varied():
         (["data.batch_size=0"], "data.batch_size"),
         (["tracking.mode=cloud"], "tracking.mode"),
         (["+verifier.gama=3"], "verifier.gama"),
+        (["verifier.proposer=lookup"], "verifier.proposer"),
+        (["verifier=autoregressive", "verifier.proposer=ngram"], "verifier.proposer"),
+        (["verifier.proposer=ngram", "verifier.ngram_min=4"], "verifier.ngram_min"),
     ],
 )
 def test_bad_configuration_names_the_key(overrides, key):
@@ -87,6 +89,8 @@ def test_bad_configuration_names_the_key(overrides, key):
         (["verifier.gamma_schedule=constant"], "block-g4-t0.7-n128-s0"),
         (["verifier.gamma_schedule=adaptive", "verifier.gamma=2", "verifier.max_gamma=8"], "block-g2a8-t0.7-n128-s0"),
         (["verifier.gamma_schedule=constant", "verifier.draft_confidence_threshold=0.4"], "block-g4c0.4-t0.7-n128-s0"),
+        (["verifier.proposer=ngram"], "block-gp4-ngram1-3-t0.7-n128-s0"),
+        (["verifier.proposer=model+ngram", "verifier.ngram_min=2"], "block-gp4-model+ngram2-3-t0.7-n128-s0"),
     ],
 )
 def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):
@@ -105,28 +109,24 @@ def test_parallel_keys_mirror_the_ray_runtime_config():
             assert ours[field.name] == field.default, field.name
 
 
+def test_proposers_mirror_the_engine():
+    from distributed_spec.config import PROPOSERS
+    from distributed_spec.engine.proposers import PROPOSERS as ENGINE_PROPOSERS
+
+    assert PROPOSERS == ENGINE_PROPOSERS
+    job = _compose(["verifier.proposer=ngram"])
+    assert job.verifier.proposer == "ngram" and not job.verifier.uses_draft_model
+    assert _compose(["verifier.proposer=model+ngram"]).verifier.uses_draft_model
+
+
 def test_model_kinds_mirror_the_loader():
     from distributed_spec.models import MODEL_KINDS as LOADER_KINDS
 
     assert MODEL_KINDS == LOADER_KINDS
 
 
-def _cli(args: list[str], **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "distributed_spec.generate", *args],
-        cwd=kwargs.pop("cwd", REPO),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        **kwargs,
-    )
-
-
 def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
-    process = _cli(["verifier.gamma=0", "parallel.device=cpu", f"hydra.run.dir={tmp_path}"])
+    process = cli(["verifier.gamma=0", "parallel.device=cpu", f"hydra.run.dir={tmp_path}"])
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 2, output
     errors = [line for line in output.splitlines() if "ERROR" in line]
@@ -135,7 +135,7 @@ def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
 
 
 def test_cli_unknown_model_lists_the_options(tmp_path):
-    process = _cli(["model=gpt5", f"hydra.run.dir={tmp_path}"])
+    process = cli(["model=gpt5", f"hydra.run.dir={tmp_path}"])
     output, _ = process.communicate(timeout=120)
     assert process.returncode != 0
     assert "Could not find 'model/gpt5'" in output and "smollm2" in output and "llama3_70b_1b" in output
@@ -146,54 +146,12 @@ def tiny_pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("tiny_pair"))
 
 
-def _tiny_args(tiny_pair, input_path, *extra: str) -> list[str]:
-    target_dir, draft_dir = tiny_pair
-    return [
-        "model.name=tiny",
-        f"model.target.source={target_dir}",
-        "model.target.kind=dir",
-        f"model.draft.source={draft_dir}",
-        "model.draft.kind=dir",
-        f"data.input_path={input_path}",
-        "parallel.device=cpu",
-        "tracking=disabled",
-        *extra,
-    ]
-
-
-def _write_prompts(path: Path, num_records: int) -> None:
-    words = ["alpha", "beta", "gamma", "delta", "echo", "fox", "golf", "hotel"]
-    with open(path, "w") as file:
-        for index in range(num_records):
-            file.write(
-                json.dumps({"id": f"r{index:03d}", "prompt": f"{words[index % 8]} {index} says"}) + "\n"
-            )
-            if index == 5:
-                file.write('{"id": "broken", "prompt": \n')
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def sigkill_after_lines(process: subprocess.Popen, path: Path, num_lines: int, timeout_s: float) -> None:
-    """SIGKILL the job's whole process group once `path` holds `num_lines` lines."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        if path.exists() and path.read_bytes().count(b"\n") >= num_lines:
-            break
-        time.sleep(0.02)
-    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
 def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_path):
     num_records = 24
     input_path = tmp_path / "prompts.jsonl"
-    _write_prompts(input_path, num_records)
+    write_prompts(input_path, num_records)
     out = tmp_path / "out"
-    args = _tiny_args(
+    args = tiny_args(
         tiny_pair,
         input_path,
         f"data.output_dir={out}",
@@ -205,19 +163,26 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
         "verifier.gamma_schedule=constant",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     )
-    process = _cli(args)
+    process = cli(args)
     completions = out / "completions.jsonl"
-    sigkill_after_lines(process, completions, 4, timeout_s=120)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if completions.exists() and completions.read_bytes().count(b"\n") >= 4:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
     num_before = completions.read_bytes().count(b"\n")
     assert 4 <= num_before < num_records
     # A SIGKILL can land mid-write: leave a torn line as it would.
     with open(completions, "ab") as file:
         file.write(b'{"id": "r999", "prompt": "torn')
 
-    rerun = _cli(args)
+    rerun = cli(args)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output
-    records = _read_jsonl(completions)
+    records = read_jsonl(completions)
     ids = [record["id"] for record in records]
     assert len(ids) == len(set(ids)) == num_records
     assert set(ids) == {f"r{index:03d}" for index in range(num_records)}
@@ -225,7 +190,7 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
         record["completion_ids"] and record["finish_reason"] in ("eos", "stop", "length")
         for record in records
     )
-    errors = _read_jsonl(out / "errors.jsonl")
+    errors = read_jsonl(out / "errors.jsonl")
     assert len(errors) == 1 and errors[0]["line"] == 7 and errors[0]["reason"].startswith("malformed JSON")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["records_total"] == num_records and summary["records_skipped"] == num_before
@@ -233,25 +198,25 @@ def test_sigkill_mid_run_then_rerun_completes_without_duplicates(tiny_pair, tmp_
     assert 1.0 <= summary["block_efficiency"] <= 5.0
     # Every record is what an uninterrupted run at another batch size writes, token for token.
     reference_out = tmp_path / "reference"
-    reference = _cli([*args, f"data.output_dir={reference_out}", "data.batch_size=5"])
+    reference = cli([*args, f"data.output_dir={reference_out}", "data.batch_size=5"])
     output, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, output
-    expected = {record["id"]: record["completion_ids"] for record in _read_jsonl(reference_out / "completions.jsonl")}
+    expected = {record["id"]: record["completion_ids"] for record in read_jsonl(reference_out / "completions.jsonl")}
     assert {record["id"]: record["completion_ids"] for record in records} == expected
 
 
 def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):
     input_path = tmp_path / "prompts.jsonl"
-    _write_prompts(input_path, 3)
+    write_prompts(input_path, 3)
     sweep_dir = tmp_path / "sweep"
-    args = _tiny_args(
+    args = tiny_args(
         tiny_pair,
         input_path,
         "sampling.max_new_tokens=8",
         "tracking.progress=false",
         f"hydra.sweep.dir={sweep_dir}",
     )
-    process = _cli(["--multirun", *args, "verifier=block,token", "verifier.gamma=2,3"])
+    process = cli(["--multirun", *args, "verifier=block,token", "verifier.gamma=2,3"])
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     run_dirs = sorted(path.parent for path in sweep_dir.glob("*/completions.jsonl"))
@@ -264,10 +229,32 @@ def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):
     ]
     assert run_dirs[0].name.startswith("model.draft.kind=dir,model.name=tiny,")
     for run_dir in run_dirs:
-        assert len(_read_jsonl(run_dir / "completions.jsonl")) == 3
+        assert len(read_jsonl(run_dir / "completions.jsonl")) == 3
         meta = json.loads((run_dir / "run_meta.json").read_text())
         assert f"verifier.gamma={meta['verifier']['gamma']}" in run_dir.name
         assert f"verifier={meta['verifier']['method']}" in run_dir.name
+
+
+def test_ngram_proposer_job_loads_no_draft_and_reports_its_rows(tiny_pair, tmp_path):
+    """proposer=ngram: the target alone is loaded; the summary counts the rows served by n-grams."""
+    from distributed_spec.generate import run
+    from distributed_spec.jobs.local_runtime import LocalGenerator
+
+    input_path = tmp_path / "prompts.jsonl"
+    write_prompts(input_path, 4)
+    job = _compose(
+        tiny_args(
+            tiny_pair, input_path, "verifier.proposer=ngram", "sampling=greedy", "sampling.max_new_tokens=24",
+            "data.resume=false",
+        )
+    )
+    generator = LocalGenerator(job)
+    assert generator.engine.draft_runner is None
+    summary = run(job, output_dir=tmp_path / "out", generator=generator)
+    assert summary["records"] == 4 and summary["proposer/rows_ngram"] > 0
+    assert 0 < summary["proposer/accepted_ngram"] < summary["proposer/proposed_ngram"]
+    with pytest.raises(ConfigError, match="verifier.proposer=model"):
+        generator.reconfigure(_compose(tiny_args(tiny_pair, input_path)))
 
 
 def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
@@ -287,7 +274,7 @@ def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
     input_path = tmp_path / "batch.jsonl"
     input_path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests))
     out = tmp_path / "out"
-    args = _tiny_args(
+    args = tiny_args(
         tiny_pair,
         input_path,
         "data.format=openai_batch",
@@ -297,10 +284,10 @@ def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
         "verifier.gamma_schedule=constant",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     )
-    process = _cli(args)
+    process = cli(args)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
-    lines = _read_jsonl(out / "completions.jsonl")
+    lines = read_jsonl(out / "completions.jsonl")
     for line in lines:
         assert_batch_output_line(line)
     by_id = {line["custom_id"]: line for line in lines}
@@ -317,11 +304,11 @@ def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
     # The request's seed is its stream's seed: same messages, settings and seed, same completion.
     assert content("warm") == content("warm-again")
     assert "e" not in content("nucleus")
-    errors = _read_jsonl(out / "errors.jsonl")
+    errors = read_jsonl(out / "errors.jsonl")
     assert sorted(error["line"] for error in errors) == [5, 6]
     # Rerunning resumes: every custom_id is answered already, nothing is added.
     before = (out / "completions.jsonl").read_bytes()
-    rerun = _cli(args)
+    rerun = cli(args)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output
     assert (out / "completions.jsonl").read_bytes() == before

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WIRE_DTYPES = ("float32", "bfloat16", "float16")
+# "auto": bfloat16 on cuda, float32 on the CPU (wire.resolve_wire_dtype).
+WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # "auto": decided from the Ray cluster's resources at launch (placement.resolve_device).
 DEVICE_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "auto": ("auto", "gloo", "nccl")}
@@ -39,7 +40,8 @@ class RayRuntimeConfig:
     # Seconds to wait for the placement group before falling back (or failing).
     placement_timeout_s: float = 30.0
     # Precision of the draft probabilities on the wire; the draft samples from the same rounded q.
-    wire_dtype: str = "float32"
+    # auto: bfloat16 on cuda (half the bytes, exact), float32 on the CPU.
+    wire_dtype: str = "auto"
     # Send only the draft's top-k probabilities (0 = dense). Exact because the draft then samples
     # from its own top-k: q is exactly that sparse distribution.
     wire_top_k: int = 0

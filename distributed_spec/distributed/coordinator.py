@@ -18,16 +18,24 @@ statistics); this class only runs each planned step on the actors (docs/design.m
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
+n-gram blocks (engine/proposers.py) come from the scheduler: with verifier.proposer=ngram, or in a
+step where every proposing row has a match, the coordinator builds the block itself (step 1 only
+applies the verdict and the row changes); with model+ngram the draft actor lays its own rows over
+them. No block is drafted ahead over n-gram rows.
 
 Faults: every wait covers all shards and the draft (`ray.wait`, so a dead actor surfaces at once
 as RayActorError; a hung group after parallel.step_timeout_s, as a StepTimeout). The coordinator
 then tears the whole runtime down, launches a new one (new placement group, new port) and raises
 BatchLost: the scheduler re-admits every unfinished row with prompt + the tokens it already has,
 its random stream rewound, so the output is unchanged; at most parallel.max_restarts times. An
-ordinary error inside an actor (a bad number, out of memory) is not a machine fault: it is raised as
-itself, without reloading any model.
+ordinary error inside an actor (a bad number, out of memory) is not a machine fault: once the step's
+other calls have ended it is raised as itself, without reloading any model (the job makes it the
+record's error; the scheduler first retries out-of-memory at half the rows). Only if a rank is
+still inside the step after parallel.step_timeout_s (stuck in a collective a failed peer left) is
+the group relaunched before the error is raised.
 Shutdown: `close()` (also from the context manager, Ctrl-C, SIGTERM and interpreter exit) kills
-every actor and removes the placement group.
+every actor and removes the placement group. SIGTERM is turned into SystemExit from the first
+`start()` on (not only under `with`) until `close()`.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
-from distributed_spec.distributed.wire import DraftBlock, WireFormat
+from distributed_spec.distributed.wire import WireFormat, point_mass_block, resolve_wire_dtype
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import BatchLost, Scheduler
@@ -123,10 +131,10 @@ class RayCoordinator:
         runtime: RayRuntimeConfig,
         tokenizer=None,
     ) -> None:
-        if config.uses_draft and draft_factory is None:
+        if config.uses_draft_model and draft_factory is None:
             raise ValueError(
-                f"engine.method={config.method!r} needs a draft model; set engine.method=autoregressive "
-                "to decode with the target alone"
+                f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
+                "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
             )
         self.config = config
         self.runtime = runtime
@@ -142,6 +150,8 @@ class RayCoordinator:
         self._closed = False
         self._previous_handlers: dict[int, object] = {}
         self._num_launches = 0
+        # The calls of the step in progress (a failed step's others are waited for).
+        self._step_refs: list[ray.ObjectRef] = []
         # Tests: called with the iteration index after each iteration (e.g. to kill a shard).
         self.on_iteration: Callable[[int], None] | None = None
         atexit.register(self.close)
@@ -157,6 +167,9 @@ class RayCoordinator:
             local = {} if self.runtime.ray_address else {"num_cpus": local_num_cpus(self.runtime)}
             ray.init(address=self.runtime.ray_address, include_dashboard=False, log_to_driver=True, **local)
             self._started_ray = True
+        # From the first start on, whoever started it (a `with` block or the job's RayGenerator):
+        # after ray.init, which installs its own SIGTERM handler.
+        self._install_signal_handlers()
         if self.actors is None:
             self.actors = launch(
                 self.runtime,
@@ -181,18 +194,20 @@ class RayCoordinator:
         atexit.unregister(self.close)
 
     def __enter__(self) -> RayCoordinator:
-        self._install_signal_handlers()
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM becomes SystemExit, so the context manager's close() runs (SIGINT already raises)."""
-        if threading.current_thread() is not threading.main_thread():
+        """SIGTERM becomes SystemExit(143), so every `finally` and `with` up the stack runs (outputs
+        are flushed) and close() kills the actors; SIGINT already raises KeyboardInterrupt."""
+        if threading.current_thread() is not threading.main_thread() or self._previous_handlers:
             return
 
         def _terminate(signum, frame) -> None:
+            # A second SIGTERM (schedulers repeat theirs) must not cut the teardown short: SIGKILL will.
+            signal.signal(signum, signal.SIG_IGN)
             raise SystemExit(128 + signum)
 
         self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
@@ -256,7 +271,8 @@ class RayCoordinator:
         while True:
             try:
                 self.start()
-                settings = decode_settings(self.config, self.runtime)
+                settings = decode_settings(self.config, self.runtime, self.actors.device)
+                self._wire = settings.wire
                 refs = [shard.begin.remote(settings) for shard in self.actors.shards]
                 if self.actors.draft is not None:
                     refs.append(self.actors.draft.begin.remote(settings))
@@ -269,19 +285,32 @@ class RayCoordinator:
                 self._restart(error)
 
     def execute(self, plan: StepPlan) -> StepOutcome:
-        """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost."""
+        """Run one step on the actors; on a fault relaunch the runtime and raise BatchLost; an actor's
+        own exception is raised as itself (the scheduler retries out-of-memory at half the rows)."""
+        self._step_refs = []
         try:
             return self._execute(plan)
         except ray.exceptions.RayTaskError as error:
             if not isinstance(getattr(error, "cause", None), FAULT_ERRORS):
-                # The actor's own exception (bad numbers, out of memory): the step's error, not a fault.
-                raise error.as_instanceof_cause() from None
+                # The actor's own exception (bad numbers, out of memory): the step's error, not a fault,
+                # so the models stay loaded, unless a rank is left stuck in the step (a collective
+                # its peer never joined): then the group is relaunched first.
+                if not self._settle(self._step_refs):
+                    self._restart(error)
+                logger.warning("a step failed inside an actor: %s", error)  # the remote traceback
+                # The actor's exception as it was raised there (its record's error reads "ValueError: ...").
+                raise (error.cause if isinstance(error.cause, Exception) else error.as_instanceof_cause()) from None
             # A task whose input came from a dead actor: a fault.
             fault: BaseException = error
         except FAULT_ERRORS as error:
             fault = error
         self._restart(fault)
         raise BatchLost(f"the runtime was relaunched after {fault!r}") from fault
+
+    def _settle(self, refs: list[ray.ObjectRef]) -> bool:
+        """Wait up to parallel.step_timeout_s for the failed step's other calls; False if one hangs."""
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.runtime.step_timeout_s)
+        return not pending
 
     def _execute(self, plan: StepPlan) -> StepOutcome:
         actors = self.actors
@@ -296,34 +325,40 @@ class RayCoordinator:
             sampling=plan.sampling,
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
-        # A launched draft sits idle while the method needs none (the autoregressive baseline).
-        draft = actors.draft if self.config.uses_draft else None
+        # A launched draft sits idle while no draft model is used (the autoregressive baseline, n-grams).
+        draft = actors.draft if self.config.uses_draft_model else None
+        model_gamma = plan.num_model_drafts if draft is not None else 0
         if draft is not None:
             draft_request = DraftRequest(
                 keep_rows=plan.keep_rows,
                 new_prompts=plan.new_prompts,
                 decoding=plan.decoding,
-                gamma=plan.gamma,
-                draft_uniforms=plan.draft_uniforms,
+                gamma=model_gamma,
+                draft_uniforms=plan.draft_uniforms[:, :model_gamma],
                 sampling=plan.sampling,
+                ngram_ids=plan.ngram_ids,
+                from_ngram=plan.from_ngram,
             )
             verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
-        if draft is None or plan.gamma == 0:
-            verifier_block = ids_block = DraftBlock(
-                draft_ids=torch.zeros(plan.num_rows, 0, dtype=torch.long),
-                probs_values=None,
-                probs_ids=None,
-                vocab_size=actors.vocab_size,
-            )
+        if model_gamma == 0:
+            # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
+            ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.gamma > 0 else None
+            if ngram_ids is None:
+                ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
+            verifier_block = point_mass_block(ngram_ids, actors.vocab_size, self._wire)
+            ids_block = verifier_block.without_probs()
         result_refs = [
             shard.score_and_verify.remote(verifier_block if rank == 0 else ids_block, request)
             for rank, shard in enumerate(actors.shards)
         ]
         if draft is not None:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
-            if self.runtime.overlap and plan.gamma > 0 and plan.next_gamma_guess > 0 and same_rows:
+            # Drafting ahead assumes the draft drafted every row's block (no n-gram rows).
+            model_only = plan.from_ngram is None or not bool(plan.from_ngram.any())
+            if self.runtime.overlap and model_gamma > 0 and plan.next_gamma_guess > 0 and same_rows and model_only:
                 draft.propose_ahead.remote(plan.next_gamma_guess)
             draft.commit.remote(result_refs[0])
+        self._step_refs = result_refs
         submitted = time.perf_counter()
         # The first step also runs the staged prompts through both models: it gets the load timeout.
         timeout_s = self.runtime.load_timeout_s if self._first_step else self.runtime.step_timeout_s
@@ -412,11 +447,13 @@ class RayCoordinator:
         return ray.get(refs)
 
 
-def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig) -> DecodeSettings:
-    """The per-batch settings every actor receives when a batch starts."""
+def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig, device: str) -> DecodeSettings:
+    """The per-batch settings every actor receives when a batch starts (`device`: the shards')."""
     # Greedy verification never reads q: nothing but the draft ids needs to travel.
     wire = WireFormat(
-        dtype=runtime.wire_dtype, top_k=runtime.wire_top_k, send_probs=config.method != "greedy"
+        dtype=resolve_wire_dtype(runtime.wire_dtype, device),
+        top_k=runtime.wire_top_k,
+        send_probs=config.method != "greedy",
     )
     return DecodeSettings(
         method=config.method,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepResult
-from distributed_spec.distributed.wire import DraftBlock, WireFormat, sample_view
+from distributed_spec.distributed.wire import DraftBlock, WireFormat, encode_probs, sample_view
+from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_mass_probs
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
 from distributed_spec.engine.steps import propose
@@ -118,6 +119,9 @@ class DraftWorker:
         self.draft_ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, g] being verified
         self.decoding = torch.zeros(0, dtype=torch.bool, device=self.device)  # [B] of that step
         self.sampling = RowSampling(())  # each row's settings in that step
+        # That step's n-gram rows ([B] bool, None: none) and the tokens this draft drafted in it.
+        self.from_ngram: torch.Tensor | None = None
+        self.num_model_drafts = 0
         self.result: StepResult | None = None
         self.ahead: _AheadBlock | None = None
 
@@ -130,6 +134,9 @@ class DraftWorker:
         usable = self._apply_result(request)
         self.decoding = request.decoding.to(self.device)
         self.sampling = request.sampling
+        has_ngram_rows = request.from_ngram is not None and bool(request.from_ngram.any())
+        self.from_ngram = request.from_ngram.to(self.device) if has_ngram_rows else None
+        self.num_model_drafts = request.gamma
         if request.gamma == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
             self.side.catch_up()
@@ -147,10 +154,44 @@ class DraftWorker:
             self.wire,
             self.confidence_threshold,
         )
+        self.num_model_drafts = draft_ids.shape[1]
+        if self.from_ngram is not None:
+            draft_ids, values, ids, num_drafted = self._with_ngram_rows(
+                request.ngram_ids.to(self.device), draft_ids, values, ids, num_drafted
+            )
         self.draft_ids = draft_ids
         block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.discarded_ahead_s = discarded_ahead_s
         return block, block.without_probs()
+
+    def _with_ngram_rows(
+        self,
+        ngram_ids: torch.Tensor,
+        draft_ids: torch.Tensor,
+        values: torch.Tensor,
+        ids: torch.Tensor | None,
+        num_drafted: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """engine.proposers.combine_blocks on q's wire form: the n-gram rows' point masses go through
+        the same encoding as the draft's q (exact: 0 and 1 are exact in every wire dtype).
+
+        Args:
+            ngram_ids: [B, w]; draft_ids: [B, g']; values: [B, g', V or k]; ids: [B, g', k] or None;
+            num_drafted: [B].
+        Returns:
+            the same four for the combined block of width max(w, g').
+        """
+        width = max(ngram_ids.shape[1], draft_ids.shape[1])
+        padded = pad_columns(ngram_ids, width)
+        point_values, point_ids = encode_probs(point_mass_probs(padded, self.runner.vocab_size), self.wire)
+        model_rows = ~self.from_ngram
+        combined_ids = overlay_rows(padded, draft_ids, model_rows)
+        combined_values = overlay_rows(point_values, values, model_rows)
+        if ids is not None:
+            ids = overlay_rows(point_ids, ids, model_rows)
+        # An n-gram row's block is as long as the scheduler planned (num_drafted clips model rows only).
+        num_drafted = torch.where(model_rows, num_drafted, width)
+        return combined_ids, combined_values, ids, num_drafted
 
     def propose_ahead(self, gamma: int) -> None:
         """Draft block k+1 (g tokens) while block k is verified, assuming block k is accepted whole."""
@@ -194,14 +235,24 @@ class DraftWorker:
             accepted_counts = result.accepted_counts.to(self.device)  # [B]
             next_tokens = result.next_tokens.to(self.device)  # [B]
             if ahead is None:
-                self.side.commit(self.draft_ids, accepted_counts, next_tokens, self.decoding)
+                if self.from_ngram is None:
+                    self.side.commit(self.draft_ids, accepted_counts, next_tokens, self.decoding)
+                else:
+                    # The verified block is the combined one (the result carries it, also when the
+                    # draft did not run).
+                    self.side.commit(
+                        result.draft_ids.to(self.device), accepted_counts, next_tokens, self.decoding,
+                        self.from_ngram, self.num_model_drafts,
+                    )
             else:
                 verified_gamma = self.draft_ids.shape[1]
                 hit = (accepted_counts == verified_gamma) & (next_tokens == ahead.guess_ids)  # [B]
                 kept_hit = hit if keep_rows is None else hit[keep_rows.to(self.device)]
                 same_rows = not request.new_prompts and bool(request.decoding.all())
+                # Drafted for every row: not usable once some rows' blocks come from n-grams.
+                model_only = request.from_ngram is None or not bool(request.from_ngram.any())
                 # Host sync: whether the block drafted ahead is usable decides what to run next.
-                if same_rows and bool(kept_hit.all()) and ahead.gamma == request.gamma:
+                if same_rows and model_only and bool(kept_hit.all()) and ahead.gamma == request.gamma:
                     usable = ahead
                 else:
                     # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.

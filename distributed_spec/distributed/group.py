@@ -5,14 +5,13 @@ never meets the remains of a dead one), starts the actors, fetches the model fil
 (hub downloads, GGUF conversion; no time limit, as a cold 70B download takes long) and then loads
 the models within parallel.load_timeout_s (a `LoadTimeoutError` past it); `teardown` kills
 every actor (`ray.kill`, no restart), removes the placement group and deletes the shared-memory
-segments the CPU all-reduce leaves in /dev/shm (DeepSpeed never unlinks them).
+segments the CPU all-reduce leaves in /dev/shm (DeepSpeed never unlinks them); `launch` first
+deletes stale segments on the shard nodes (left by a job killed with SIGKILL, shm_segments.py).
 """
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ from distributed_spec.distributed.placement import (
     remove_group,
 )
 from distributed_spec.distributed.rendezvous import Rendezvous, pick_rendezvous, shard_placements
+from distributed_spec.distributed.shm_segments import group_segments, remove_segments, stale_segments
 from distributed_spec.distributed.target_shard import TargetShard
 from distributed_spec.engine.config import EngineConfig
 
@@ -54,6 +54,8 @@ class RuntimeActors:
     # Rank order: shards[0] is rank 0.
     shards: list[ActorHandle]
     draft: ActorHandle | None
+    # The shards' device, "cpu" or "cuda" (parallel.device=auto decided).
+    device: str = "cpu"
     shard_node_ids: list[str] = field(default_factory=list)
     vocab_size: int = 0
     max_context: int | None = None
@@ -139,7 +141,7 @@ def launch(
             for slot in plan.shards
         ]
         draft = None
-        if engine.uses_draft:
+        if engine.uses_draft_model:
             slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
@@ -151,10 +153,14 @@ def launch(
                 .remote(num_threads=max(1, round(config.num_cpus_draft)))
             )
             draft_factory = factory_on_device(draft_factory, plan.draft_device)
-        actors = RuntimeActors(placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft)
+        actors = RuntimeActors(
+            placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft, device=config.device
+        )
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
         node_ids = _get_within_load_timeout([actor.node_id.remote() for actor in actors.all_actors], config)
         actors.shard_node_ids = node_ids[: len(shards)]
+        # Segments of groups killed without a teardown would pile up in /dev/shm (RAM) run after run.
+        remove_shm_segments(actors.shard_node_ids, None)
         fetch_on_nodes([target_factory], actors.shard_node_ids)
         if draft is not None:
             fetch_on_nodes([draft_factory], node_ids[len(shards) :])
@@ -214,27 +220,30 @@ def teardown(actors: RuntimeActors) -> None:
             ray.kill(actor, no_restart=True)
         except Exception as error:  # noqa: BLE001 - an already dead actor is fine
             logger.debug("ray.kill failed: %s", error)
-    for node_id in sorted(set(actors.shard_node_ids)):
-        try:
-            ray.get(
-                _remove_shm_segments.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                ).remote(actors.rendezvous.master_addr, actors.rendezvous.master_port),
-                timeout=30,
-            )
-        except Exception as error:  # noqa: BLE001 - teardown goes on; the segments only cost memory
-            logger.warning("could not remove /dev/shm segments on node %s: %s", node_id, error)
+    remove_shm_segments(actors.shard_node_ids, actors.rendezvous)
     remove_group(actors.placement_group)
 
 
-@ray.remote(num_cpus=0)
-def _remove_shm_segments(master_addr: str, master_port: int) -> int:
-    """Delete DeepSpeed's CPU all-reduce segments of one group (named after its address and port)."""
-    pattern = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{master_addr}_{master_port}_*"
-    paths = glob.glob(pattern)
-    for path in paths:
+def remove_shm_segments(node_ids: list[str], rendezvous: Rendezvous | None) -> None:
+    """On each node: delete the CPU all-reduce segments of `rendezvous`'s group, or with None the
+    stale ones (that no process holds). A failure is logged: the segments only cost memory."""
+    for node_id in sorted(set(node_ids)):
         try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-    return len(paths)
+            removed = ray.get(
+                _remove_shm_segments.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                ).remote(rendezvous),
+                timeout=30,
+            )
+        except Exception as error:  # noqa: BLE001 - teardown and launch go on
+            logger.warning("could not remove /dev/shm segments on node %s: %s", node_id, error)
+            continue
+        if removed and rendezvous is None:
+            logger.info("removed %d stale /dev/shm all-reduce segment(s) on node %s", removed, node_id)
+
+
+@ray.remote(num_cpus=0)
+def _remove_shm_segments(rendezvous: Rendezvous | None) -> int:
+    if rendezvous is None:
+        return remove_segments(stale_segments())
+    return remove_segments(group_segments(rendezvous.master_addr, rendezvous.master_port))

@@ -54,12 +54,17 @@ class DraftRequest:
     new_prompts: list[list[int]]
     # [B] bool, as in StepRequest.
     decoding: torch.Tensor
-    # Draft tokens to propose per row; 0: no proposal in this step (an autoregressive step).
+    # Draft tokens to propose per row; 0: the draft model does not run in this step (an autoregressive
+    # step, or every proposing row's block comes from n-grams).
     gamma: int
     # [B, g] float64: the draft's sampling uniforms.
     draft_uniforms: torch.Tensor
     # Each row's sampling settings, as in StepRequest (the draft warps q with them).
     sampling: RowSampling
+    # With verifier.proposer=model+ngram: the n-gram blocks [B, w] long and [B] bool, the rows they
+    # serve (engine/proposers.py); the draft lays its own rows over them. None: no n-gram rows.
+    ngram_ids: torch.Tensor | None = None
+    from_ngram: torch.Tensor | None = None
 
 
 @dataclass

@@ -10,6 +10,10 @@ q is the biggest message of an iteration ([B, g, V]); two options shrink it, bot
   (renormalised over the k ids), so the verifier sees the draft's true q. It changes the draft's
   proposals (a sharper draft), never the target's output distribution.
 With greedy verification the verifier never reads q, so no probabilities are sent at all.
+`wire_dtype=auto` (the default) is bfloat16 on cuda, the cheapest dense encoding that keeps the
+draft's proposals (top-k changes them), and float32 on the CPU, where the actors share one node's
+object store and the runtime then replays the single-process engine's sampled tokens bit for bit.
+`block_wire_bytes` gives the bytes per iteration without running anything (bench_distributed --bytes-only).
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from dataclasses import dataclass
 import torch
 
 WIRE_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_wire_dtype(wire_dtype: str, device: str) -> str:
+    """parallel.wire_dtype with "auto" decided by the shards' device ("cuda" or "cpu")."""
+    if wire_dtype != "auto":
+        return wire_dtype
+    return "bfloat16" if device == "cuda" else "float32"
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,19 @@ class DraftBlock:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def block_wire_bytes(batch_size: int, gamma: int, vocab_size: int, wire: WireFormat) -> int:
+    """Bytes of the tensors of one DraftBlock as rank 0 receives it (`DraftBlock.num_wire_bytes`):
+    draft ids [B, g] int64, plus q: [B, g, V] in the wire dtype, or top-k values [B, g, k] and int32
+    ids. The other shards receive the ids alone."""
+    num_ids = batch_size * gamma
+    if not wire.send_probs:
+        return num_ids * 8
+    value_bytes = torch.empty(0, dtype=WIRE_TORCH_DTYPES[wire.dtype]).element_size()
+    if 0 < wire.top_k < vocab_size:
+        return num_ids * (8 + wire.top_k * (value_bytes + 4))
+    return num_ids * (8 + vocab_size * value_bytes)
+
+
 def encode_probs(probs: torch.Tensor, wire: WireFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q as it goes on the wire.
 
@@ -135,3 +159,19 @@ def unpack_probs(block: DraftBlock, device: torch.device) -> torch.Tensor | None
         return values
     ids = None if block.probs_ids is None else block.probs_ids.to(device)
     return decode_probs(values, ids, block.vocab_size)
+
+
+def point_mass_block(ngram_ids: torch.Tensor, vocab_size: int, wire: WireFormat) -> DraftBlock:
+    """A block of n-gram proposals (engine/proposers.py), q a point mass at each token, built where
+    no draft runs (the coordinator): one (value 1, id) pair per position, whatever the wire format.
+
+    Args:
+        ngram_ids: [B, w] long.
+    """
+    send = wire.send_probs
+    return DraftBlock(
+        draft_ids=ngram_ids,
+        probs_values=torch.ones(*ngram_ids.shape, 1, dtype=torch.float32) if send else None,
+        probs_ids=ngram_ids[..., None].to(torch.int32) if send else None,
+        vocab_size=vocab_size,
+    )

@@ -6,8 +6,9 @@
 
 API:
 - EngineConfig(method="block"|"token"|"greedy"|"autoregressive", gamma, gamma_schedule="constant"|"adaptive",
-  max_gamma, sampling=SamplingParams(...), max_new_tokens, max_batch_size, seed, eos_token_ids, stop_strings,
-  compact_fraction). The draft-length schedules are in draft_length.py.
+  max_gamma, proposer="model"|"ngram"|"model+ngram", ngram_min, ngram_max, sampling=SamplingParams(...),
+  max_new_tokens, max_batch_size, seed, eos_token_ids, stop_strings, compact_fraction). The draft-length
+  schedules are in draft_length.py, the proposers in proposers.py and ngram.py.
 - SpeculativeEngine(target, draft | None, config, tokenizer=None)
     .generate(prompts_token_ids, tokenizer=None) -> list[GenerationResult]
     .generate_with_stats(...) -> (list[GenerationResult], RunStats)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distributed_spec.engine.draft_length import GAMMA_SCHEDULES
+from distributed_spec.engine.proposers import PROPOSERS
 from distributed_spec.verify import VERIFY_METHODS, SamplingParams
 
 # "autoregressive" runs the target alone through the same loop: the baseline.
@@ -32,6 +33,12 @@ class EngineConfig:
     max_gamma: int = 8
     # A row's block ends after the first draft token whose draft probability is below this (0: off).
     draft_confidence_threshold: float = 0.0
+    # What proposes the blocks (proposers.py): "model" (the draft model), "ngram" (prompt lookup in
+    # the row's own tokens, no draft model) or "model+ngram" (n-gram where it matches, else the model).
+    proposer: str = "model"
+    # The n-gram proposer matches the row's last n tokens, n from ngram_max down to ngram_min.
+    ngram_min: int = 1
+    ngram_max: int = 3
     # Warping applied to draft and target logits alike (temperature 0 = greedy).
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Tokens to generate per prompt at most (finish_reason "length" when reached).
@@ -77,6 +84,13 @@ class EngineConfig:
                 f"engine.draft_confidence_threshold must be in [0, 1) (0 disables it), "
                 f"got {self.draft_confidence_threshold}"
             )
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"engine.proposer must be one of {PROPOSERS}, got {self.proposer!r}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"engine.ngram_min and engine.ngram_max need 1 <= ngram_min <= ngram_max, "
+                f"got {self.ngram_min} and {self.ngram_max}"
+            )
         if self.max_new_tokens < 1:
             raise ValueError(f"engine.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_batch_size < 1:
@@ -92,7 +106,17 @@ class EngineConfig:
 
     @property
     def uses_draft(self) -> bool:
+        """Whether steps propose blocks at all (by the draft model or by n-grams)."""
         return self.method != "autoregressive"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether a draft model must be loaded and run."""
+        return self.uses_draft and self.proposer != "ngram"
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.uses_draft and self.proposer != "model"
 
     @property
     def gamma_limit(self) -> int:
@@ -137,7 +161,9 @@ class RunStats:
     num_accepted_per_position: list[int] = field(default_factory=list)
     # [g_limit + 1] steps that drafted g tokens per row, g = 0 (no draft) .. g_limit.
     num_steps_per_draft_len: list[int] = field(default_factory=list)
-    # Runtime-specific additive counters (the Ray runtime's transfer time, wire bytes, restarts).
+    # Additive counters: the runtime's own (the Ray runtime's transfer time, wire bytes, restarts) and
+    # the proposers' ("proposer/rows_ngram", "proposer/accepted_model", ...: decoding rows whose
+    # block came from each proposer, or none; drafts verified and kept; steps the draft model ran).
     extra: dict[str, float] = field(default_factory=dict)
     # Wall-clock seconds: draft proposals, target scoring (prompts included), verification, and
     # everything else (cache rollback/compaction, bookkeeping, stop checks).

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from distributed_spec.engine.proposers import combine_blocks
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide, TargetSide
 from distributed_spec.engine.steps import sample_autoregressive
@@ -52,10 +53,22 @@ class StepPlan:
     num_prefill_tokens: int = 0
     # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
     next_gamma_guess: int = 0
+    # The n-gram proposer's blocks (proposers.py), None when it does not run: [B, w] long, each
+    # row's proposal first (zeros past it), and [B] bool, the decoding rows whose block it is.
+    ngram_ids: torch.Tensor | None = None
+    from_ngram: torch.Tensor | None = None
+    # Tokens the draft model drafts (the longest block of its own rows; 0: it does not run); None:
+    # gamma (every proposing row is the model's).
+    model_gamma: int | None = None
 
     @property
     def num_rows(self) -> int:
         return int(self.decoding.shape[0])
+
+    @property
+    def num_model_drafts(self) -> int:
+        """Tokens the draft model drafts in this step (0: it does not run)."""
+        return self.gamma if self.model_gamma is None else self.model_gamma
 
 
 @dataclass
@@ -89,6 +102,12 @@ class DecodeOptions:
     # per row and come with each step (StepPlan.sampling).
     method: str
     draft_confidence_threshold: float = 0.0
+    # What proposes the blocks (proposers.py): "model", "ngram" or "model+ngram".
+    proposer: str = "model"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method != "autoregressive" and self.proposer != "ngram"
 
 
 class Executor(Protocol):
@@ -105,6 +124,14 @@ class Executor(Protocol):
     def execute(self, plan: StepPlan) -> StepOutcome:
         """Apply the plan's row changes, run one step, return its outcome."""
         ...
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device out-of-memory error: torch's OutOfMemoryError raised here, or re-raised from an actor
+    (Ray's `as_instanceof_cause` subclasses it; a cause that did not survive pickling keeps its text)."""
+    return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__) or (
+        "CUDA out of memory" in str(error)
+    )
 
 
 class _Stopwatch:
@@ -157,7 +184,7 @@ def verify_step(
 
 
 class LocalExecutor:
-    """Both models in this process: a TargetSide and (unless autoregressive) a DraftSide."""
+    """Both models in this process: a TargetSide and (unless no draft model runs) a DraftSide."""
 
     def __init__(self, target_runner: ModelRunner, draft_runner: ModelRunner | None) -> None:
         self.target = TargetSide(target_runner)
@@ -172,32 +199,47 @@ class LocalExecutor:
         self.target.reset()
         if self.draft is not None:
             self.draft.reset()
+        # A loaded draft sits idle while the run needs none (the baseline, n-gram blocks).
+        self.active_draft = self.draft if options.uses_draft_model else None
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         options = self.options
         watch = _Stopwatch(self.device)
+        draft = self.active_draft
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
-        if self.draft is not None:
-            self.draft.update_rows(plan.keep_rows, plan.new_prompts)
+        if draft is not None:
+            draft.update_rows(plan.keep_rows, plan.new_prompts)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
+        draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
         draft_probs = None
-        if plan.gamma > 0:
+        num_model_drafts = plan.num_model_drafts
+        if num_model_drafts > 0:
             with watch.section("draft"):
-                draft_ids, draft_probs, num_drafted = self.draft.propose(
-                    plan.gamma,
+                draft_ids, draft_probs, num_drafted = draft.propose(
+                    num_model_drafts,
                     plan.sampling,
-                    plan.draft_uniforms,
+                    plan.draft_uniforms[:, :num_model_drafts],
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
                 )
             # A confidence stop may end the block early: g' <= gamma columns, n[b] <= g' per row.
+            num_drafted = num_drafted.to(self.device)
+            if plan.from_ngram is not None:
+                num_drafted = torch.where(plan.from_ngram.to(self.device), num_draft_tokens, num_drafted)
             num_draft_tokens = torch.minimum(num_draft_tokens, num_drafted)
-        else:
-            draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
-            if self.draft is not None:
-                with watch.section("draft"):
-                    self.draft.catch_up()
+            num_model_drafts = draft_ids.shape[1]
+        elif draft is not None:
+            with watch.section("draft"):
+                draft.catch_up()
+        if plan.from_ngram is not None and plan.gamma > 0:
+            draft_ids, draft_probs = combine_blocks(
+                plan.ngram_ids.to(self.device),
+                plan.from_ngram,
+                draft_ids if num_model_drafts > 0 else None,
+                draft_probs,
+                self.vocab_size,
+            )
         with watch.section("target"):
             target_logits = self.target.score(draft_ids, decoding, plan.prefill_chunk_tokens)
         with watch.section("verify"):
@@ -212,8 +254,10 @@ class LocalExecutor:
                 plan.u,
             )
             self.target.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
-            if self.draft is not None:
-                self.draft.commit(draft_ids, accepted_counts, next_tokens, decoding)
+            if draft is not None:
+                draft.commit(
+                    draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
+                )
         return StepOutcome(
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),
@@ -223,6 +267,6 @@ class LocalExecutor:
             draft_s=watch.seconds.get("draft", 0.0),
             target_s=watch.seconds.get("target", 0.0),
             verify_s=watch.seconds.get("verify", 0.0),
-            num_draft_calls=self.draft.runner.num_forward_calls if self.draft is not None else 0,
+            num_draft_calls=draft.runner.num_forward_calls if draft is not None else 0,
             num_target_calls=self.target.runner.num_forward_calls,
         )

@@ -12,7 +12,8 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    Its prompt goes through the target by chunks of `prefill_chunk_tokens`, in the same forwards as
    the other rows' blocks; a row decodes once its whole prompt is in.
 2. draft lengths: the schedule (`EngineConfig.gamma_schedule`) gives each decoding row its g, clipped
-   so a row never verifies past its token budget; the step drafts the longest (0: no draft at all).
+   so a row never verifies past its token budget, and to its n-gram proposal when the n-gram proposer
+   serves it (proposers.py: it runs here, on token ids); the step drafts the longest (0: no draft).
 3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
    [n], then the verifier's eta [n] and u. A row's tokens therefore never depend on which rows share
    its batch (up to floating-point ties) under any schedule that depends on the row's own history
@@ -23,7 +24,9 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    finishes rows (EOS, stop string, budget) and yields them, updates statistics and the schedule.
 If the executor lost its batch (the Ray runtime restarted after a fault: `BatchLost`), every running
 row joins again as a new row with prompt + the tokens it already has, its generator rewound to before
-the failed step: the output is the one an uninterrupted run gives.
+the failed step: the output is the one an uninterrupted run gives. A step that runs out of device
+memory is retried the same way once per run with half its rows (the other half waits, unchanged, and
+the run goes on at that batch size); a second one is raised to the caller.
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
 
 from distributed_spec.engine.config import EngineConfig, RowStats, RunStats
 from distributed_spec.engine.draft_length import next_draft_length
-from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan
+from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan, is_out_of_memory
 from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
+from distributed_spec.engine.ngram import NgramProposer
+from distributed_spec.engine.proposers import ngram_block
 from distributed_spec.engine.stopping import StopChecker
 from distributed_spec.verify import RowSampling, SamplingParams
 
@@ -112,6 +118,7 @@ class Scheduler:
         self.goodput = (
             GoodputPolicy(config.max_gamma) if config.uses_draft and config.gamma_schedule == "goodput" else None
         )
+        self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if config.uses_ngram else None
         self.stats = self._new_stats()
         # Tests: called with the step index after each step (e.g. to kill a shard).
         self.on_step = None
@@ -129,7 +136,9 @@ class Scheduler:
 
     def options(self) -> DecodeOptions:
         return DecodeOptions(
-            method=self.config.method, draft_confidence_threshold=self.config.draft_confidence_threshold
+            method=self.config.method,
+            draft_confidence_threshold=self.config.draft_confidence_threshold,
+            proposer=self.config.proposer,
         )
 
     def run(self, requests: Iterable[Request]) -> Iterator[Request]:
@@ -142,11 +151,12 @@ class Scheduler:
         running: list[Request] = []
         keep_rows: torch.Tensor | None = None
         joining: list[Request] = []
+        max_rows = config.max_batch_size  # halved once if a step runs out of memory
         start_time = time.perf_counter()
         try:
             while True:
                 if config.continuous_batching or not running:
-                    while not exhausted and len(running) + len(joining) < config.max_batch_size:
+                    while not exhausted and len(running) + len(joining) < max_rows:
                         request = next(source, None)
                         if request is None:
                             exhausted = True
@@ -163,10 +173,21 @@ class Scheduler:
                 plan = self._plan(rows, keep_rows, joining)
                 try:
                     outcome = self.executor.execute(plan)
-                except BatchLost:
+                except Exception as error:
+                    out_of_memory = is_out_of_memory(error)
+                    if not isinstance(error, BatchLost) and not (
+                        out_of_memory and max_rows == config.max_batch_size and len(rows) > 1
+                    ):
+                        raise
+                    # Every row starts again from prompt + its tokens, its stream rewound: same output.
                     for request, state in zip(rows, states):
                         request.generator.set_state(state)
                         self._admit(request)
+                    if out_of_memory:
+                        max_rows = len(rows) // 2
+                        logger.warning("out of memory at %d rows; going on with %d: %s", len(rows), max_rows, error)
+                        # The other half goes back to the head of the queue.
+                        rows, source, exhausted = rows[:max_rows], chain(rows[max_rows:], source), False
                     running, joining, keep_rows = [], rows, None
                     self.executor.begin(self.options())
                     continue
@@ -207,7 +228,15 @@ class Scheduler:
         chunk = config.prefill_chunk_tokens
         decoding = [chunk is None or request.num_prompt_left <= chunk for request in rows]
         prefill = [request.num_prompt_left if chunk is None else min(chunk, request.num_prompt_left) for request in rows]
-        max_drafts = [max(request.remaining - 1, 0) for request in rows]
+        max_drafts = [max(request.remaining - 1, 0) if on else 0 for request, on in zip(rows, decoding)]
+        proposals = self._ngram_proposals(rows, max_drafts)
+        if proposals is not None:
+            # A row the n-gram proposer serves can verify no more than it proposed; under "ngram" a
+            # row without a match verifies none (the goodput schedule sees these limits too).
+            max_drafts = [
+                len(tokens) if tokens or config.proposer == "ngram" else limit
+                for tokens, limit in zip(proposals, max_drafts)
+            ]
         if not config.uses_draft:
             row_gammas = [0] * len(rows)
         elif self.goodput is not None:
@@ -223,6 +252,12 @@ class Scheduler:
             min(gamma, limit) if on else 0 for gamma, limit, on in zip(row_gammas, max_drafts, decoding)
         ]
         gamma = max(num_draft_tokens, default=0)
+        ngram_ids = from_ngram = None
+        model_gamma = gamma
+        if proposals is not None:
+            from_ngram = torch.tensor([bool(tokens) and n > 0 for tokens, n in zip(proposals, num_draft_tokens)])
+            ngram_ids = ngram_block([tokens[:n] if on else [] for tokens, n, on in zip(proposals, num_draft_tokens, from_ngram.tolist())])
+            model_gamma = max((n for n, on in zip(num_draft_tokens, from_ngram.tolist()) if not on), default=0)
         draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
         eta = torch.ones(len(rows), gamma, dtype=torch.float64)
         u = torch.zeros(len(rows), dtype=torch.float64)
@@ -246,7 +281,18 @@ class Scheduler:
             prefill_chunk_tokens=chunk,
             num_prefill_tokens=sum(prefill),
             next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
+            ngram_ids=ngram_ids,
+            from_ngram=from_ngram,
+            model_gamma=model_gamma if config.uses_draft_model else 0,
         )
+
+    def _ngram_proposals(self, rows: list[Request], max_drafts: list[int]) -> list[list[int]] | None:
+        """Each row's n-gram proposal, up to the longest block the schedule may give it (None when the
+        proposer is the model alone). Rows not decoding (max_drafts 0) get []."""
+        if self.ngram is None:
+            return None
+        limits = [min(limit, self.config.gamma_limit) for limit in max_drafts]
+        return self.ngram.propose([request.prompt_ids + request.output for request in rows], limits)
 
     def _next_gamma_guess(
         self, rows: list[Request], row_gammas: list[int], num_draft_tokens: list[int], gamma: int
@@ -270,6 +316,7 @@ class Scheduler:
         draft_ids = outcome.draft_ids.tolist()
         num_draft_tokens = outcome.num_draft_tokens.tolist()
         decoding = plan.decoding.tolist()
+        from_ngram = plan.from_ngram.tolist() if plan.from_ngram is not None else [False] * len(rows)
         chunk = self.config.prefill_chunk_tokens
         finished = []
         for index, request in enumerate(rows):
@@ -279,6 +326,8 @@ class Scheduler:
             request.num_prompt_left = 0
             tau = accepted_counts[index]
             num_drafts = num_draft_tokens[index]
+            if self.config.uses_draft:
+                self._count_proposer("ngram" if from_ngram[index] else "model" if num_drafts else "none", num_drafts, tau)
             for position in range(num_drafts):
                 stats.num_proposed_per_position[position] += 1
                 stats.num_accepted_per_position[position] += int(position < tau)
@@ -298,9 +347,22 @@ class Scheduler:
                 finished.append(request)
         return finished
 
+    def _count_proposer(self, source: str, num_drafts: int, num_accepted: int) -> None:
+        """Per-proposer counters in RunStats.extra: decoding rows (row-steps) whose block came from
+        `source` ("model", "ngram", or "none": the row verified no draft), drafts verified and kept."""
+        extra = self.stats.extra
+        for name, value in ((f"rows_{source}", 1), (f"proposed_{source}", num_drafts), (f"accepted_{source}", num_accepted)):
+            if source != "none" or name.startswith("rows"):
+                key = f"proposer/{name}"
+                extra[key] = extra.get(key, 0.0) + value
+
     def _observe(self, rows: list[Request], plan: StepPlan, outcome: StepOutcome, seconds: float) -> None:
         stats = self.stats
         stats.num_target_calls += 1
+        if self.config.uses_draft_model:
+            # Steps in which the draft model ran (the others, with proposer=model+ngram: n-grams only).
+            drafted = (plan.gamma if plan.model_gamma is None else plan.model_gamma) > 0
+            stats.extra["proposer/model_steps"] = stats.extra.get("proposer/model_steps", 0.0) + float(drafted)
         stats.num_steps_per_draft_len[plan.gamma] += 1
         stats.num_draft_calls = outcome.num_draft_calls
         stats.draft_s += outcome.draft_s

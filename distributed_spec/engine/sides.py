@@ -15,7 +15,8 @@ prompt chunk only: its block is masked, nothing of it is kept, its Y stays pendi
 Invariant between steps, per decoding row: the target holds every kept token except the last, Y
 (`TargetSide.last_ids`); the draft holds every kept token except its pending input
 (`DraftSide.pending_ids`: [X_g or padding, Y] after a speculative step, one more Y per
-autoregressive step, in which the draft does not run at all).
+autoregressive step, in which the draft does not run at all; X_1..X_tau, Y for a row whose block came
+from n-grams, proposers.py). Pending tokens are right-aligned: the last column is each row's Y.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class DraftSide:
         accepted_counts: torch.Tensor,
         next_tokens: torch.Tensor,
         decoding: torch.Tensor,
+        from_ngram: torch.Tensor | None = None,
+        num_model_drafts: int | None = None,
     ) -> None:
         """Roll the cache back to the kept prefix and set each row's next pending input.
 
@@ -136,11 +139,21 @@ class DraftSide:
             draft_ids: [B, g] the verified block (g = 0 after an autoregressive step: the draft did not
                 run, Y' is appended to the pending input); accepted_counts: [B] tau; next_tokens: [B] Y';
             decoding: [B] bool (rows still prefilling keep their pending Y).
+            from_ngram: [B] bool, rows whose block the n-gram proposer made (proposers.py); None: none.
+                The draft's own drafts for them are dropped and X_1..X_tau, Y' become pending input.
+            num_model_drafts: tokens the draft drafted in this step (its block's width; 0: it did not
+                run, so every decoding row's X_1..X_tau, Y' join its pending input); None: g.
         """
         decoding = decoding.to(self.device)
         next_tokens = next_tokens.to(self.device)
-        gamma = draft_ids.shape[1]
-        if gamma == 0:
+        gamma = draft_ids.shape[1] if num_model_drafts is None else num_model_drafts
+        # Host sync: whether any row's block came from n-grams picks the bookkeeping below.
+        if from_ngram is not None and bool(from_ngram.any()):
+            self._commit_with_ngram_rows(
+                draft_ids.to(self.device), accepted_counts.to(self.device), next_tokens, decoding,
+                from_ngram.to(self.device), gamma,
+            )
+        elif gamma == 0:
             self.pending_ids = torch.cat([self.pending_ids, torch.where(decoding, next_tokens, 0)[:, None]], dim=1)
             self.pending_mask = torch.cat([self.pending_mask, decoding.long()[:, None]], dim=1)
             self._trim_pending()
@@ -148,9 +161,46 @@ class DraftSide:
             # Rows not decoding keep their Y pending.
             pending_next = torch.where(decoding, next_tokens, self.last_ids)
             self.pending_ids, self.pending_mask = commit_draft(
-                self.runner, draft_ids.to(self.device), accepted_counts.to(self.device), pending_next, decoding
+                self.runner, draft_ids[:, :gamma].to(self.device), accepted_counts.to(self.device), pending_next,
+                decoding,
             )
         self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
+
+    def _commit_with_ngram_rows(
+        self,
+        draft_ids: torch.Tensor,
+        accepted_counts: torch.Tensor,
+        next_tokens: torch.Tensor,
+        decoding: torch.Tensor,
+        from_ngram: torch.Tensor,
+        gamma: int,
+    ) -> None:
+        """`commit` for a block with n-gram rows: the model's rows as `commit_draft` keeps them, the
+        n-gram rows (and, when the draft did not run, every decoding row) queue X_1..X_tau, Y'.
+
+        Args:
+            draft_ids: [B, W] (W >= gamma, the model's drafts in the first gamma columns of its rows);
+            accepted_counts: [B]; next_tokens: [B]; decoding, from_ngram: [B] bool; gamma: the model's g.
+        """
+        columns = torch.arange(draft_ids.shape[1], device=self.device)[None, :]  # [1, W]
+        kept = columns < accepted_counts[:, None]  # [B, W]: X_1..X_tau
+        if gamma > 0:
+            model_rows = decoding & ~from_ngram
+            # The model's speculative slots: its rows keep their accepted ones, n-gram rows none (those
+            # slots hold the model's drafts, not the n-gram tokens that were verified).
+            self.runner.rollback(torch.where(model_rows, accepted_counts.clamp(max=gamma - 1), 0), gamma - 1)
+            # A model row's pending input is [X_g if all g were kept] (never fed), then Y'.
+            model_pending = (columns == gamma - 1) & (accepted_counts == gamma)[:, None]
+            block_mask = torch.where(model_rows[:, None], model_pending, kept & from_ngram[:, None])
+            # propose fed every decoding row's pending input: only the others keep theirs.
+            old_mask = self.pending_mask * (~decoding).long()[:, None]
+        else:
+            block_mask = kept & decoding[:, None]
+            old_mask = self.pending_mask
+        ids = torch.cat([self.pending_ids, draft_ids, next_tokens[:, None]], dim=1)
+        mask = torch.cat([old_mask, block_mask.long(), decoding.long()[:, None]], dim=1)
+        self.pending_ids, self.pending_mask = ids, mask
+        self._trim_pending()
 
     def catch_up(self, max_pending: int = 8) -> bool:
         """In a step without a draft: feed the draft what it lags behind (staged prompts, pending
@@ -173,7 +223,13 @@ class DraftSide:
         return True
 
     def _trim_pending(self) -> None:
-        """Drop leading columns that no row uses (the pending input grows by one per autoregressive step)."""
+        """Right-align each row's pending tokens (the draft reads its next logits at the last column, so
+        that column must hold the row's Y), then drop leading columns that no row uses (the pending
+        input grows by one per autoregressive step)."""
+        # Stable sort: padding (0) first, real tokens (1) last, each in their order.
+        order = torch.sort(self.pending_mask, dim=1, stable=True).indices
+        self.pending_ids = torch.gather(self.pending_ids, 1, order)
+        self.pending_mask = torch.gather(self.pending_mask, 1, order)
         used = self.pending_mask.any(dim=0)
         # Host sync: the new width is a Python int.
         first = int(used.long().argmax()) if bool(used.any()) else self.pending_mask.shape[1] - 1

@@ -43,7 +43,7 @@ def _model_name(model: PreTrainedModel) -> str:
 
 
 class SpeculativeEngine:
-    """Batched speculative decoding of `target` with `draft` (draft may be None for "autoregressive")."""
+    """Batched speculative decoding of `target` with `draft` (None for "autoregressive" and proposer "ngram")."""
 
     def __init__(
         self,
@@ -57,11 +57,11 @@ class SpeculativeEngine:
         self.target_runner = ModelRunner(target, config.compact_fraction)
         self.draft_runner: ModelRunner | None = None
         self.device = self.target_runner.device
-        if config.uses_draft:
+        if config.uses_draft_model:
             if draft is None:
                 raise ValueError(
-                    f"engine.method={config.method!r} needs a draft model; set engine.method=autoregressive "
-                    "to decode with the target alone"
+                    f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
+                    "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
                 )
             self.draft_runner = ModelRunner(draft, config.compact_fraction)
             if self.draft_runner.vocab_size != self.target_runner.vocab_size:
@@ -75,7 +75,7 @@ class SpeculativeEngine:
                     f"draft is on {self.draft_runner.device} but target is on {self.device}: "
                     "set both models' device to the same value"
                 )
-        contexts = [_model_context(target)] + ([_model_context(draft)] if config.uses_draft else [])
+        contexts = [_model_context(target)] + ([_model_context(draft)] if config.uses_draft_model else [])
         known = [context for context in contexts if context]
         self.max_context = min(known) if known else None
 

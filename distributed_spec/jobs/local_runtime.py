@@ -44,6 +44,9 @@ def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfi
         gamma_schedule=job.verifier.gamma_schedule,
         max_gamma=job.verifier.max_gamma,
         draft_confidence_threshold=job.verifier.draft_confidence_threshold,
+        proposer=job.verifier.proposer,
+        ngram_min=job.verifier.ngram_min,
+        ngram_max=job.verifier.ngram_max,
         sampling=SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p),
         max_new_tokens=sampling.max_new_tokens,
         max_batch_size=job.data.batch_size,
@@ -75,6 +78,8 @@ class SchedulerGenerator:
     backend: Any
     _config: EngineConfig
     max_context_len: int
+    # Whether a draft model was loaded (not for the baseline, nor for proposer=ngram).
+    has_draft_model: bool
     _scheduler: Scheduler | None = None
 
     @property
@@ -84,6 +89,11 @@ class SchedulerGenerator:
     def reconfigure(self, job: JobConfig) -> None:
         """Decode later streams with job's verifier, engine and sampling settings (same loaded models;
         sweeps and benchmarks use it). The method must need no draft that was not loaded."""
+        if job.verifier.uses_draft_model and not self.has_draft_model:
+            raise ConfigError(
+                f"verifier.method={job.verifier.method} with verifier.proposer={job.verifier.proposer} needs "
+                "the draft model, which this generator did not load"
+            )
         self._config = engine_config(job, self._config.eos_token_ids)
         self.backend.config = self._config
 
@@ -105,8 +115,8 @@ class LocalGenerator(SchedulerGenerator):
         target_spec = model_spec(job.model, job.model.target, device)
         draft_spec = model_spec(job.model, job.model.draft, device)
         try:
-            if job.verifier.method == "autoregressive":
-                # The baseline: the same job with the target alone, no draft loaded.
+            if not job.verifier.uses_draft_model:
+                # The baseline, or n-gram blocks: the target alone, no draft loaded.
                 target, draft = load_model(target_spec), None
             else:
                 target, draft = load_pair(target_spec, draft_spec)
@@ -123,6 +133,7 @@ class LocalGenerator(SchedulerGenerator):
         if tokenizer is None:
             raise ConfigError(f"model.target {target.name!r} has no tokenizer; set model.tokenizer")
         self.tokenizer = tokenizer
+        self.has_draft_model = draft is not None
         self._config = engine_config(job, eos_ids(tokenizer, target.model))
         self.engine = SpeculativeEngine(target.model, draft.model if draft else None, self._config, tokenizer)
         self.backend = self.engine

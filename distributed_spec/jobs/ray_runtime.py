@@ -73,7 +73,8 @@ class RayGenerator(SchedulerGenerator):
         # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
         generation_config = _GenerationConfigHolder(load_generation_config(job.model, target_spec))
         self._config = engine_config(job, eos_ids(self.tokenizer, generation_config))
-        uses_draft = job.verifier.method != "autoregressive"
+        uses_draft = job.verifier.uses_draft_model
+        self.has_draft_model = uses_draft
         self.coordinator = RayCoordinator(
             SpecFactory(target_spec),
             SpecFactory(draft_spec, target_spec=target_spec) if uses_draft else None,
@@ -84,13 +85,15 @@ class RayGenerator(SchedulerGenerator):
         self.backend = self.coordinator
         try:
             self.coordinator.start()
-        except ValueError as err:
+        except BaseException as err:
+            # Nothing owns the coordinator yet (a SIGTERM or Ctrl-C mid-load included): close it here.
             self.coordinator.close()
-            raise ConfigError(f"parallel/model: {err}") from err
-        except LoadTimeoutError as err:
-            # One clear line naming the setting, not a traceback.
-            self.coordinator.close()
-            raise ConfigError(str(err)) from err
+            if isinstance(err, ValueError):
+                raise ConfigError(f"parallel/model: {err}") from err
+            if isinstance(err, LoadTimeoutError):
+                # One clear line naming the setting, not a traceback.
+                raise ConfigError(str(err)) from err
+            raise
         contexts = [
             context for context in (job.model.max_context_len, self.coordinator.actors.max_context) if context
         ]

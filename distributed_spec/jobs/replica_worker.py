@@ -47,8 +47,7 @@ class GroupHandle:
     actor that created it, and DeepSpeed's CPU all-reduce segments in /dev/shm outlive everything."""
 
     placement_group: Any
-    master_addr: str
-    master_port: int
+    rendezvous: Any
     node_ids: tuple[str, ...]
 
 
@@ -81,10 +80,7 @@ class ReplicaWorker:
         actors = self.generator.coordinator.actors
         if actors is None:
             return None
-        rendezvous = actors.rendezvous
-        return GroupHandle(
-            actors.placement_group, rendezvous.master_addr, rendezvous.master_port, tuple(actors.shard_node_ids)
-        )
+        return GroupHandle(actors.placement_group, actors.rendezvous, tuple(actors.shard_node_ids))
 
     def reconfigure(self, job) -> None:
         self.job = job

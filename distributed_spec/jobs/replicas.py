@@ -29,11 +29,10 @@ from typing import Any
 import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.queue import Empty, Queue
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.distributed.coordinator import FAULT_ERRORS, GroupFailure
-from distributed_spec.distributed.group import _remove_shm_segments
+from distributed_spec.distributed.group import remove_shm_segments
 from distributed_spec.distributed.placement import cluster_nodes, local_num_cpus
 from distributed_spec.distributed.replica_placement import resolve_num_replicas
 from distributed_spec.engine.config import RunStats
@@ -389,16 +388,7 @@ def release_group(group) -> None:
         remove_placement_group(group.placement_group)
     except Exception:  # noqa: BLE001 - removed already
         pass
-    for node_id in sorted(set(group.node_ids)):
-        try:
-            ray.get(
-                _remove_shm_segments.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                ).remote(group.master_addr, group.master_port),
-                timeout=30,
-            )
-        except Exception as error:  # noqa: BLE001 - the segments only cost memory
-            logger.warning("could not remove /dev/shm segments on node %s: %s", node_id, error)
+    remove_shm_segments(list(group.node_ids), group.rendezvous)
 
 
 def _replica_cpus(runtime) -> float:

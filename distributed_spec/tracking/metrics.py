@@ -72,7 +72,8 @@ class RunMetrics:
 
     @property
     def runtime(self) -> dict[str, float]:
-        """Runtime-specific counters (the Ray runtime's transfer time, wire bytes, restarts), summed."""
+        """Additive counters beyond the engine's own (the Ray runtime's transfer time, wire bytes,
+        restarts; the proposers' rows and tokens), summed."""
         return self.engine.extra
 
     @property
@@ -112,7 +113,8 @@ class RunMetrics:
         for gamma, count in enumerate(engine.num_steps_per_draft_len):
             metrics[f"draft_len/steps_g{gamma}"] = count
         for name, value in self.runtime.items():
-            metrics[f"runtime/{name}"] = value
+            # Counters that name their own group (proposer/rows_ngram, ...) keep it.
+            metrics[name if "/" in name else f"runtime/{name}"] = value
         if self.replicas is not None:
             metrics.update(self.replicas())
         return metrics

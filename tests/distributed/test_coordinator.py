@@ -32,14 +32,26 @@ def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_outpu
 
 def test_greedy_verification_sends_no_probabilities():
     runtime = RayRuntimeConfig(wire_dtype="bfloat16", wire_top_k=16)
-    assert not decode_settings(replace(CONFIG, method="greedy"), runtime).wire.send_probs
-    wire = decode_settings(CONFIG, runtime).wire
+    assert not decode_settings(replace(CONFIG, method="greedy"), runtime, "cpu").wire.send_probs
+    wire = decode_settings(CONFIG, runtime, "cpu").wire
     assert wire.send_probs and wire.dtype == "bfloat16" and wire.top_k == 16
+
+
+def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
+    runtime = RayRuntimeConfig()
+    assert runtime.wire_dtype == "auto"
+    assert decode_settings(CONFIG, runtime, "cuda").wire.dtype == "bfloat16"
+    assert decode_settings(CONFIG, runtime, "cpu").wire.dtype == "float32"
+    assert decode_settings(CONFIG, replace(runtime, wire_dtype="float16"), "cuda").wire.dtype == "float16"
 
 
 def test_a_draft_method_needs_a_draft_factory():
     with pytest.raises(ValueError, match="engine.method=autoregressive"):
         RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
+    with pytest.raises(ValueError, match="engine.proposer=ngram"):
+        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), RayRuntimeConfig())
+    # n-gram blocks need no draft model.
+    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), RayRuntimeConfig()).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():

@@ -34,8 +34,8 @@ from distributed_spec.distributed.replica_placement import resolve_num_replicas
 from distributed_spec.generate import run
 from distributed_spec.jobs.ray_runtime import RayGenerator
 from distributed_spec.jobs.replicas import ReplicaPool
+from tests.jobs.cli_runs import cli, sigkill_after_lines
 from tests.jobs.fakes import save_tiny_pair
-from tests.test_generate import _cli, sigkill_after_lines
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -229,7 +229,7 @@ def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_pat
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     segments_before = set(glob.glob(SHM_SEGMENTS))
-    process = _cli([*args, "parallel.num_replicas=2"])
+    process = cli([*args, "parallel.num_replicas=2"])
     completions_path = out / "completions.jsonl"
     sigkill_after_lines(process, completions_path, 3, timeout_s=300)
     # Nothing is left to delete the killed replicas' all-reduce segments: the test does.
@@ -238,7 +238,7 @@ def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_pat
         num_before = completions_path.read_bytes().count(b"\n")
         assert 3 <= num_before < NUM_RECORDS
 
-        rerun = _cli([*args, "parallel.num_replicas=1"])
+        rerun = cli([*args, "parallel.num_replicas=1"])
         output, _ = rerun.communicate(timeout=300)
         assert rerun.returncode == 0, output
         assert completions(out) == expected

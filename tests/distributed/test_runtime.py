@@ -39,15 +39,8 @@ RUNTIME = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5
 
 
 def engine_results(config: EngineConfig, prompts=PROMPTS):
-    draft = DRAFT() if config.uses_draft else None
+    draft = DRAFT() if config.uses_draft_model else None
     return SpeculativeEngine(TARGET(), draft, config).generate_with_stats(prompts)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +65,10 @@ def test_tp2_logits_equal_tp1_logits(tp2):
         (tp1_logits,) = ray.get([shard.logits.remote(input_ids) for shard in tp1.actors.shards])
         # While TP = 1 is up: the autoregressive baseline matches the engine's.
         results = tp1.generate(PROMPTS[:2])
+        # ... and so do n-gram blocks, with no draft actor at all.
+        assert tp1.actors.draft is None
+        tp1.config = replace(GREEDY, proposer="ngram")
+        ngram_results = tp1.generate(PROMPTS[:2])
     tp2_logits = ray.get([shard.logits.remote(input_ids) for shard in tp2.actors.shards])
     local_logits = TARGET()(input_ids=input_ids).logits.detach()
     assert tp1_logits.shape == (3, 12, VOCAB_SIZE)
@@ -80,6 +77,7 @@ def test_tp2_logits_equal_tp1_logits(tp2):
     assert (tp1_logits - local_logits).abs().max() < 1e-4
     reference, _ = engine_results(config, PROMPTS[:2])
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert [r.token_ids for r in ngram_results] == [r.token_ids for r in reference]
 
 
 ADAPTIVE = {"gamma_schedule": "adaptive"}
@@ -151,6 +149,42 @@ def test_goodput_greedy_output_identical_to_engine(tp2):
     reference, _ = engine_results(replace(GREEDY, method="autoregressive"))
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     assert sum(stats.num_steps_per_draft_len) == stats.num_target_calls
+
+
+@pytest.mark.parametrize(
+    ("proposer", "wire_dtype", "wire_top_k", "overlap", "draft_length"),
+    [("ngram", "float32", 0, False, {}), ("model+ngram", "float32", 0, False, {}),
+     ("model+ngram", "bfloat16", 8, True, ADAPTIVE), ("ngram", "bfloat16", 0, False, {"gamma_schedule": "goodput"})],
+)
+def test_ngram_proposers_greedy_output_identical_to_engine(tp2, proposer, wire_dtype, wire_top_k, overlap, draft_length):
+    """n-gram blocks built on the driver (ngram) or laid into the draft actor's block (model+ngram)."""
+    tp2.config = replace(GREEDY, proposer=proposer, **draft_length)
+    tp2.runtime = replace(RUNTIME, wire_dtype=wire_dtype, wire_top_k=wire_top_k, overlap=overlap)
+    results, stats = tp2.generate_with_stats(PROMPTS)
+    autoregressive, _ = engine_results(replace(GREEDY, method="autoregressive"))
+    assert [r.token_ids for r in results] == [r.token_ids for r in autoregressive]
+    assert stats.extra["proposer/rows_ngram"] > 0 and stats.extra["proposer/accepted_ngram"] > 0
+    if proposer == "model+ngram":
+        assert stats.extra["proposer/rows_model"] > 0
+    if draft_length.get("gamma_schedule") != "goodput":
+        _, reference_stats = engine_results(tp2.config)
+        counts = {name: value for name, value in stats.extra.items() if name.startswith("proposer/")}
+        assert counts == {name: value for name, value in reference_stats.extra.items() if name.startswith("proposer/")}
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
+def test_ngram_proposers_sampling_replays_the_engine_exactly(tp2, proposer):
+    """Same seed: the same tokens as the engine (point-mass q on the wire, the draft's cache in step)."""
+    prompts = PROMPTS + [[4, 5, 4, 5, 4], [7, 8, 9, 7, 8]]
+    tp2.config = replace(
+        GREEDY, sampling=SamplingParams(temperature=0.5), seed=9, proposer=proposer, max_batch_size=3,
+        prefill_chunk_tokens=3,
+    )
+    tp2.runtime = RUNTIME
+    results, stats = tp2.generate_with_stats(prompts)
+    reference, _ = engine_results(tp2.config, prompts)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert stats.extra["proposer/accepted_ngram"] > 0
 
 
 def test_sampling_block_efficiency_matches_engine(tp2):

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from distributed_spec.distributed.wire import DraftBlock, WireFormat, decode_probs, sample_view, unpack_probs
+from distributed_spec.distributed.wire import (
+    DraftBlock,
+    WireFormat,
+    block_wire_bytes,
+    decode_probs,
+    sample_view,
+    unpack_probs,
+)
 
 
 def _probs(batch_size: int, vocab_size: int, seed: int) -> torch.Tensor:
@@ -28,6 +35,8 @@ def test_sampled_probs_equal_decoded_probs_bitwise(wire: WireFormat) -> None:
     decoded = unpack_probs(block, torch.device("cpu"))
     assert torch.equal(decoded, sampled)
     assert torch.allclose(decoded.sum(-1), torch.ones(4, gamma), atol=1e-5)
+    # The bench's byte count (computed, nothing run) is what the block carries.
+    assert block.num_wire_bytes == block_wire_bytes(4, gamma, vocab_size, wire)
 
 
 def test_top_k_keeps_only_k_ids_and_shrinks_the_message() -> None:
@@ -50,4 +59,4 @@ def test_reduced_precision_changes_q_so_the_round_trip_matters() -> None:
 def test_greedy_sends_no_probabilities() -> None:
     block = DraftBlock(draft_ids=torch.zeros(1, 2, dtype=torch.long), probs_values=None, probs_ids=None, vocab_size=9)
     assert unpack_probs(block, torch.device("cpu")) is None
-    assert block.num_wire_bytes == 16
+    assert block.num_wire_bytes == 16 == block_wire_bytes(1, 2, 9, WireFormat(send_probs=False))

@@ -159,6 +159,28 @@ def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method
     assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
 
 
+# "3 1" occurs earlier, so the first block is the n-gram proposal [4, 1] (q a point mass on it).
+NGRAM_PROMPT = [3, 1, 4, 1, 3, 1]
+
+
+@pytest.mark.parametrize(("method", "proposer"), [("block", "ngram"), ("token", "ngram"), ("block", "model+ngram")])
+def test_ngram_proposers_keep_the_target_distribution(small_vocab_pair, method, proposer):
+    target, draft = small_vocab_pair
+    config = EngineConfig(
+        method=method, gamma=3, proposer=proposer, max_new_tokens=NUM_TOKENS, max_batch_size=NUM_SAMPLES, seed=4000
+    )
+    engine = SpeculativeEngine(target, draft if proposer == "model+ngram" else None, config)
+    results, stats = engine.generate_with_stats([NGRAM_PROMPT] * NUM_SAMPLES)
+    samples = [result.token_ids for result in results]
+    assert chi_square_p_value(samples, exact_continuation_probs(target, NGRAM_PROMPT)) > P_VALUE_FLOOR
+    # Every row's first block came from n-grams; its point masses were kept in part, rejected in part.
+    assert stats.extra["proposer/rows_ngram"] >= NUM_SAMPLES
+    assert 0.05 < stats.extra["proposer/accepted_ngram"] / stats.extra["proposer/proposed_ngram"] < 0.95
+    if proposer == "model+ngram":
+        # Rows without a match later on were drafted by the model.
+        assert stats.extra["proposer/rows_model"] > 0
+
+
 def test_a_row_at_its_own_temperature_in_a_mixed_batch_follows_the_target_at_it(small_vocab_pair):
     """Rows at temperature 0.5 share every batch with rows at temperature 1 (top-p 0.8) and greedy
     rows; each group's first tokens follow the target warped with that group's own settings."""

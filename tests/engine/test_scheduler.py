@@ -168,3 +168,25 @@ def test_goodput_stops_drafting_where_drafts_are_never_kept(tiny_pair):
     assert sum(steps) == stats.num_target_calls and len(steps) == 4
     # The probe tries every g; after it, g = 0 dominates (exploration aside).
     assert steps[0] > sum(steps[1:])
+
+
+class OutOfMemoryExecutor(RecordingExecutor):
+    """Runs out of memory on steps over `max_rows` rows (as torch does on a device)."""
+
+    def __init__(self, max_rows: int) -> None:
+        super().__init__()
+        self.max_rows = max_rows
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        if plan.num_rows > self.max_rows:
+            raise torch.OutOfMemoryError(f"CUDA out of memory ({plan.num_rows} rows)")
+        return super().execute(plan)
+
+
+def test_out_of_memory_is_retried_once_at_half_the_rows():
+    config = EngineConfig(method="block", gamma=2, max_batch_size=4)
+    finished = list(Scheduler(config, OutOfMemoryExecutor(max_rows=2)).run(_requests([5] * 6)))
+    assert sorted(request.key for request in finished) == list(range(6))
+    assert all(request.output == [5, 5, FILLER_TOKEN, 5, FILLER_TOKEN] for request in finished)
+    with pytest.raises(torch.OutOfMemoryError):  # half the rows do not fit either: the caller's error
+        list(Scheduler(config, OutOfMemoryExecutor(max_rows=1)).run(_requests([5] * 4)))

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.jobs.cli_runs import tiny_args
 from tests.jobs.fakes import save_tiny_pair
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def test_ray_cluster_dry_run_submits_the_job_to_join_the_cluster():
 
 
 def test_local_launcher_runs_the_job_end_to_end(tmp_path):
-    target_dir, draft_dir = save_tiny_pair(tmp_path / "pair")
+    tiny_pair = save_tiny_pair(tmp_path / "pair")
     input_path = tmp_path / "prompts.jsonl"
     input_path.write_text(
         json.dumps({"id": 1, "prompt": "one two"})
@@ -112,17 +113,13 @@ def test_local_launcher_runs_the_job_end_to_end(tmp_path):
     out = tmp_path / "out"
     result = _bash(
         "local.sh",
-        "model.name=tiny",
-        f"model.target.source={target_dir}",
-        "model.target.kind=dir",
-        f"model.draft.source={draft_dir}",
-        "model.draft.kind=dir",
-        f"data.input_path={input_path}",
-        f"data.output_dir={out}",
-        "parallel.device=cpu",
-        "sampling.max_new_tokens=8",
-        "tracking=disabled",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
+        *tiny_args(
+            tiny_pair,
+            input_path,
+            f"data.output_dir={out}",
+            "sampling.max_new_tokens=8",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ),
         env={"OMP_NUM_THREADS": "1"},
         timeout=300,
     )

@@ -39,6 +39,17 @@ def constant_table(dist: Dist) -> Table:
     return lambda prefix: list(dist)
 
 
+def point_mass_table(vocab_size: int, token: Callable[[tuple[int, ...]], int]) -> Table:
+    """q of a proposer that names its next token outright: a point mass at token(prefix)."""
+    return lambda prefix: [float(x == token(prefix)) for x in range(vocab_size)]
+
+
+def block_table(vocab_size: int, context: tuple[int, ...], block: tuple[int, ...]) -> Table:
+    """q of a block named outright after `context` (an n-gram proposal): a point mass at block[i]
+    after context + block[:i] (block[-1] beyond the block: never read)."""
+    return point_mass_table(vocab_size, lambda prefix: block[min(len(prefix) - len(context), len(block) - 1)])
+
+
 def _normalise(weights: Dist) -> Dist:
     total = sum(weights)
     return [w / total for w in weights]
@@ -165,12 +176,38 @@ def speculative_sequence_distribution(
     `gamma` may be a function of the context so far (a draft-length schedule that depends on what
     was generated before the iteration).
     """
+
+    def step(ctx: tuple[int, ...]) -> dict:
+        block_length = gamma(ctx) if callable(gamma) else gamma
+        return emitted_distribution(method, p, q, ctx, block_length, stop)
+
+    return _compose_iterations(context, length, step)
+
+
+def proposer_sequence_distribution(
+    method: str, p: Table, context: tuple[int, ...], propose: Callable[[tuple[int, ...]], tuple[int, ...]], length: int
+) -> dict[tuple[int, ...], float]:
+    """Like speculative_sequence_distribution for a draft-free proposer: each iteration verifies the
+    block propose(context so far) names (possibly empty: g = 0), with q its point mass."""
+    vocab_size = len(p(context))
+
+    def step(ctx: tuple[int, ...]) -> dict:
+        block = tuple(propose(ctx))
+        return emitted_distribution(method, p, block_table(vocab_size, ctx, block), ctx, len(block))
+
+    return _compose_iterations(context, length, step)
+
+
+def _compose_iterations(
+    context: tuple[int, ...], length: int, iteration: Callable[[tuple[int, ...]], dict]
+) -> dict[tuple[int, ...], float]:
+    """The distribution of the first `length` generated tokens, iteration(ctx) being one iteration's
+    {emitted tokens: probability} from context ctx."""
     memo: dict[tuple[int, ...], dict] = {}
 
     def step(ctx: tuple[int, ...]) -> dict:
         if ctx not in memo:
-            block_length = gamma(ctx) if callable(gamma) else gamma
-            memo[ctx] = emitted_distribution(method, p, q, ctx, block_length, stop)
+            memo[ctx] = iteration(ctx)
         return memo[ctx]
 
     result: dict[tuple[int, ...], float] = defaultdict(float)

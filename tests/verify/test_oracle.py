@@ -87,6 +87,41 @@ def test_lossless_with_the_goodput_schedule(method):
     assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize(("vocab_size", "gamma"), [(2, 2), (3, 3), (4, 2)])
+def test_lossless_with_point_mass_drafts(method, vocab_size, gamma):
+    """q a point mass at a token chosen from the prefix (a draft that names its tokens): still exact."""
+    for seed in range(3):
+        p = oracle.RandomTable(vocab_size, seed=900 + seed, concentration=0.7)
+        q = oracle.point_mass_table(vocab_size, lambda prefix, seed=seed: hash((seed, prefix)) % vocab_size)
+        speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), gamma, 4)
+        assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
+        # Both verdicts occur: the point mass is kept sometimes and rejected sometimes.
+        taus = {tau for tau, _ in oracle.iteration_outcomes(method, p, q, (0,), gamma)}
+        assert 0 in taus and len(taus) > 1
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize(("min_n", "max_n", "gamma"), [(1, 2, 2), (1, 3, 3), (2, 3, 3)])
+def test_lossless_with_ngram_blocks(method, min_n, max_n, gamma):
+    """The engine's n-gram proposer (engine/ngram.py) names each block from the context so far,
+    empty when nothing matches: the sequence distribution is still exactly the target's."""
+    from distributed_spec.engine.ngram import lookup
+
+    p = oracle.RandomTable(3, seed=950 + gamma, concentration=0.5)
+    context = (0, 1, 2, 0, 1)
+
+    def propose(ctx):
+        return tuple(lookup(list(ctx), gamma, min_n, max_n))
+
+    speculative = oracle.proposer_sequence_distribution(method, p, context, propose, 4)
+    assert abs(sum(speculative.values()) - 1.0) < 1e-9
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, context, 4)) < 1e-9
+    # Blocks of several lengths, none included, were proposed along the way.
+    lengths = {len(propose(context + tail)) for tail in itertools.product(range(3), repeat=2)}
+    assert len(lengths) > 1 and (0 in lengths or min_n == 1)
+
+
 def test_oracle_detects_a_lossy_verifier():
     """Control: the same check flags a verifier that draws the correction from p, so it can fail."""
     p = oracle.RandomTable(3, seed=1)

@@ -100,14 +100,18 @@ def test_toy_case_by_sampling(method):
     assert abs(accepted.mean().item() - expected) < 4 * standard_error
 
 
+@pytest.mark.parametrize("draft", ["random", "point_mass"])
 @pytest.mark.parametrize("method", ["block", "token"])
-def test_decisions_match_oracle_for_identical_uniforms(method):
-    """Deterministic: tau and Y equal what the oracle's h (or acceptance) and residual dictate."""
+def test_decisions_match_oracle_for_identical_uniforms(method, draft):
+    """Deterministic: tau and Y equal what the oracle's h (or acceptance) and residual dictate; also
+    for point-mass q (the n-gram proposer's)."""
     generator = torch.Generator().manual_seed(3)
     vocab_size, gamma = 5, 4
     for seed in range(30):
         p = oracle.RandomTable(vocab_size, seed=300 + seed, concentration=0.6)
         q = oracle.RandomTable(vocab_size, seed=400 + seed, concentration=0.6)
+        if draft == "point_mass":
+            q = oracle.point_mass_table(vocab_size, lambda prefix, seed=seed: hash((seed, prefix)) % vocab_size)
         draft_ids, draft_probs, target_probs = sample_block_inputs(
             dense_table(p, (), vocab_size, gamma), dense_table(q, (), vocab_size, gamma), 64, gamma, generator
         )
