@@ -148,6 +148,10 @@ class ParallelConfig:
     ray_address: str | None = None
     # CPU threads per process for torch; null leaves torch's default.
     num_threads: int | None = None
+    # runtime=ray: independent replicas of the whole runtime (shard group + draft), each taking
+    # records from one work queue (jobs/replicas.py); `auto`: as many as the cluster's resources hold.
+    # Each replica's threads: num_cpus_per_shard / num_cpus_draft (rounded, at least 1).
+    num_replicas: Any = 1
     # The keys below are read by parallel.runtime=ray only; their meaning and checks live in
     # distributed_spec.distributed.config.RayRuntimeConfig, which they mirror one to one.
     # Draft device: `auto` (the shards' device) or `cpu`.
@@ -201,6 +205,14 @@ class ParallelConfig:
         _require(
             self.num_threads is None or self.num_threads >= 1,
             f"parallel.num_threads must be >= 1 or null, got {self.num_threads}",
+        )
+        _require(
+            self.num_replicas == "auto" or (type(self.num_replicas) is int and self.num_replicas >= 1),
+            f"parallel.num_replicas must be an integer >= 1 or auto, got {self.num_replicas!r}",
+        )
+        _require(
+            self.runtime == "ray" or self.num_replicas == 1,
+            f"parallel.num_replicas={self.num_replicas} needs parallel=ray (replicas are Ray actors)",
         )
         if self.runtime == "ray":
             # Checked here with `auto` read as the backend implies; the job resolves it on the machine.

@@ -202,7 +202,7 @@ class JobRunner:
         self.generator = generator
         self.tracker = tracker
         self.paths = paths
-        self.metrics = RunMetrics()
+        self.metrics = RunMetrics(replicas=getattr(generator, "replica_metrics", None))
         self.samples: list[tuple[Any, ...]] = []
         self.num_consecutive_failures = 0
         self.num_skipped = 0

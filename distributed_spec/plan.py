@@ -9,6 +9,8 @@ a job with `-m distributed_spec.plan` instead of `-m distributed_spec.generate` 
 placement: one line per node with the shards and the draft on it. A plan that does not fit exits 2 with
 one line naming the keys to change. parallel.plan_num_nodes / plan_gpus_per_node / plan_cpus_per_node
 describe a cluster; without plan_gpus_per_node the live one (parallel.ray_address, or a local Ray) is used.
+With parallel.num_replicas (a number or auto) it also shows how many replicas the cluster holds at once
+and the nodes of each (distributed/replica_placement.py).
 """
 
 from __future__ import annotations
@@ -42,9 +44,24 @@ def plan_text(job: JobConfig) -> str:
     # A described cluster is planned as described (device auto decided from its GPUs, not this machine's).
     device = parallel.device if parallel.plan_gpus_per_node is not None else None
     try:
+        if parallel.num_replicas != 1:
+            return _replicas_text(parallel, device)
         return plan_report(parallel.ray_runtime_config(device=device))
     except PlacementError as err:
         raise ConfigError(str(err)) from err
+
+
+def _replicas_text(parallel, device: str | None) -> str:
+    """parallel.num_replicas (auto: as many as fit) and where each replica goes."""
+    from distributed_spec.distributed.placement import cluster_nodes, connect, described_nodes
+    from distributed_spec.distributed.replica_placement import replicas_report
+
+    config = parallel.ray_runtime_config(device=device)
+    nodes = described_nodes(config)
+    if nodes is None:
+        connect(config.ray_address)
+        nodes = cluster_nodes()
+    return replicas_report(parallel.num_replicas, config, nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

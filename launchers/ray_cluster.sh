@@ -7,7 +7,8 @@
 #
 # The checkout is uploaded as the job's working directory (without .venv, runs/, .git); the cluster's
 # Python must already have the dependencies (pip install -e . on every node, or add them with
-# RUNTIME_ENV_JSON). The job runs on the head node and joins the cluster (parallel.ray_address=auto).
+# RUNTIME_ENV_JSON). The job runs on the head node and joins the cluster (parallel.ray_address=auto),
+# filling it with replicas of the runtime (parallel.num_replicas=auto unless given).
 # Environment:
 #   RAY_ADDRESS        the cluster's dashboard address (default http://127.0.0.1:8265)
 #   OUTPUT_DIR         where completions go; use a shared filesystem path, since the job's working
@@ -34,6 +35,12 @@ done
 RUNTIME_ENV_JSON="${RUNTIME_ENV_JSON:-{\"working_dir\": \"$REPO\", \"excludes\": [\".venv\", \"runs\", \"multirun\", \".git\", \"wandb\"], \"env_vars\": {$env_vars}}}"
 
 job_args=(parallel=ray parallel.ray_address=auto)
+# Fill the cluster: as many replicas of the runtime as it holds, unless the job says how many.
+replicas=(parallel.num_replicas=auto)
+for arg in "${args[@]}"; do
+  if [[ "$arg" == parallel.num_replicas=* ]]; then replicas=(); fi
+done
+job_args+=("${replicas[@]}")
 if [[ -n "${OUTPUT_DIR:-}" ]]; then job_args+=("data.output_dir=$OUTPUT_DIR"); fi
 read -r -a submit_extra <<< "${RAY_JOB_SUBMIT_ARGS:-}"
 

@@ -82,6 +82,11 @@ def draw_path_uniforms(
     return draft_uniforms, eta, u
 
 
+# A request source may yield this while rows are running to say "nothing to admit now, ask again
+# next step" without ending the stream (a replica's work queue, jobs/replica_worker.py).
+NOT_READY = object()
+
+
 class BatchLost(RuntimeError):
     """The executor was rebuilt after a fault and holds no rows: the scheduler re-admits them."""
 
@@ -175,6 +180,8 @@ class Scheduler:
                         request = next(source, None)
                         if request is None:
                             exhausted = True
+                            break
+                        if request is NOT_READY:
                             break
                         self._admit(request)
                         joining.append(request)
@@ -273,19 +280,10 @@ class Scheduler:
             model_gamma = max((n for n, on in zip(num_draft_tokens, from_ngram.tolist()) if not on), default=0)
         # K paths only in steps that draft (g = 0 is a plain decoding step, the same at every K).
         num_paths = config.num_paths if gamma > 0 else 1
-        if num_paths > 1:
-            draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, gamma, num_paths)
-        else:
-            draft_uniforms = torch.full((len(rows), gamma), UNUSED_UNIFORM, dtype=torch.float64)
-            eta = torch.ones(len(rows), gamma, dtype=torch.float64)
-            u = torch.zeros(len(rows), dtype=torch.float64)
-            for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
-                if on:
-                    # The row's own stream: draft uniforms, then eta, then u (one call per step).
-                    draws = torch.rand(2 * num_drafts + 1, generator=request.generator, dtype=torch.float64)
-                    draft_uniforms[index, :num_drafts] = draws[:num_drafts]
-                    eta[index, :num_drafts] = draws[num_drafts : 2 * num_drafts]
-                    u[index] = draws[-1]
+        draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, gamma, num_paths)
+        if num_paths == 1:
+            # One path: [B, g] (the same draws in the same order as [B, 1, g]).
+            draft_uniforms, eta = draft_uniforms[:, 0], eta[:, 0]
         return StepPlan(
             keep_rows=keep_rows,
             new_prompts=[request.prompt_ids + request.output for request in joining],

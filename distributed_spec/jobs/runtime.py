@@ -118,6 +118,11 @@ def build_generator(job: JobConfig) -> Generator:
         from distributed_spec.jobs.local_runtime import LocalGenerator
 
         return LocalGenerator(job)
+    if job.parallel.num_replicas != 1:
+        # Data-parallel replicas of the runtime, one work queue (jobs/replicas.py).
+        from distributed_spec.jobs.replicas import ReplicaPool
+
+        return ReplicaPool(job)
     from distributed_spec.jobs.ray_runtime import RayGenerator
 
     return RayGenerator(job)

@@ -11,6 +11,7 @@ counts (records, errors, wall-clock).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,9 @@ class RunMetrics:
     # The counters of the stream going on (the generator's live object), or None.
     live: RunStats | None = None
     start_time: float = field(default_factory=time.perf_counter)
+    # Per-replica metrics (`replica/<i>/tokens_per_s`, `replica/<i>/restarts`, ...) of a runtime with
+    # replicas (jobs/replicas.py), or None.
+    replicas: Callable[[], dict[str, float]] | None = None
 
     def add_record(self, num_prompt_tokens: int) -> None:
         self.num_records += 1
@@ -111,4 +115,6 @@ class RunMetrics:
         for name, value in self.runtime.items():
             # Counters that name their own group (proposer/rows_ngram, ...) keep it.
             metrics[name if "/" in name else f"runtime/{name}"] = value
+        if self.replicas is not None:
+            metrics.update(self.replicas())
         return metrics

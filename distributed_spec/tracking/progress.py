@@ -28,12 +28,17 @@ class Progress:
 
     def update(self, num_records: int, metrics: RunMetrics) -> None:
         self._bar.update(num_records)
-        self._bar.set_postfix(
-            tok_s=f"{metrics.tokens_per_s:.1f}",
-            block_eff=f"{metrics.block_efficiency:.2f}",
-            errors=metrics.num_errors,
-            refresh=False,
-        )
+        postfix = {
+            "tok_s": f"{metrics.tokens_per_s:.1f}",
+            "block_eff": f"{metrics.block_efficiency:.2f}",
+            "errors": metrics.num_errors,
+        }
+        if metrics.replicas is not None:
+            # One bar for the whole job; the replicas live and their restarts so far.
+            replicas = metrics.replicas()
+            postfix["replicas"] = int(replicas.get("replicas/live", 0))
+            postfix["restarts"] = int(sum(v for k, v in replicas.items() if k.endswith("/restarts")))
+        self._bar.set_postfix(**postfix, refresh=False)
 
     def close(self) -> None:
         self._bar.close()

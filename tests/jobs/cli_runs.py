@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,3 +58,15 @@ def write_prompts(path: Path, num_records: int) -> None:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def sigkill_after_lines(process: subprocess.Popen, path: Path, num_lines: int, timeout_s: float) -> None:
+    """SIGKILL the job's whole process group once `path` holds `num_lines` lines."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= num_lines:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the job ended before it could be killed:\n" + process.communicate()[0]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)

@@ -41,8 +41,8 @@ def test_slurm_dry_run_starts_head_then_workers_then_the_job():
         "+ srun --nodes=1 --ntasks=1 -w n1 ray start --address=n0:6379 --num-cpus=16 --block &",
         "+ srun --nodes=1 --ntasks=1 -w n2 ray start --address=n0:6379 --num-cpus=16 --block &",
         "+ sleep 20",
-        "+ python -m distributed_spec.generate parallel=ray parallel.ray_address=n0:6379 verifier=token "
-        "'sampling.stop=[it'\\''s]'",
+        "+ python -m distributed_spec.generate parallel=ray parallel.ray_address=n0:6379 parallel.num_replicas=auto "
+        "verifier=token 'sampling.stop=[it'\\''s]'",
     ]
     assert "ray head: n0 (n0:6379), workers: n1 n2" in result.stderr
 
@@ -59,7 +59,18 @@ def test_slurm_dry_run_flag_and_single_node(tmp_path):
         "+ srun --nodes=1 --ntasks=1 -w solo ray start --head --node-ip-address=solo --port=7000 --num-cpus=4"
     )
     assert not any("--address=" in line for line in lines)
-    assert lines[-1] == "+ python -m distributed_spec.generate parallel=ray parallel.ray_address=solo:7000"
+    assert lines[-1] == (
+        "+ python -m distributed_spec.generate parallel=ray parallel.ray_address=solo:7000 parallel.num_replicas=auto"
+    )
+
+
+def test_launchers_fill_the_cluster_with_replicas_unless_told_how_many():
+    slurm = _bash("slurm.sbatch", "parallel.num_replicas=2", env={"DRY_RUN": "1", "DRY_RUN_NODES": "n0 n1"})
+    ray_job = _bash("ray_cluster.sh", "parallel.num_replicas=2", env={"DRY_RUN": "1"})
+    for result in (slurm, ray_job):
+        assert result.returncode == 0, result.stderr
+        job_line = result.stdout.splitlines()[-1]
+        assert job_line.endswith(" parallel.num_replicas=2") and "num_replicas=auto" not in job_line
 
 
 def test_slurm_outside_an_allocation_refuses_to_run():
@@ -84,7 +95,7 @@ def test_ray_cluster_dry_run_submits_the_job_to_join_the_cluster():
     runtime_env = json.loads(line.split("--runtime-env-json '", 1)[1].split("' --", 1)[0])
     assert runtime_env["working_dir"] == str(REPO) and runtime_env["env_vars"] == {"WANDB_MODE": "offline"}
     assert line.endswith(
-        "-- python -m distributed_spec.generate parallel=ray parallel.ray_address=auto "
+        "-- python -m distributed_spec.generate parallel=ray parallel.ray_address=auto parallel.num_replicas=auto "
         "data.output_dir=/shared/out verifier=block"
     )
 

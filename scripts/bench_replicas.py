@@ -1,0 +1,136 @@
+"""Replicas against threads on the same cores: (a) 2 replicas x TP = 1, one torch thread per actor,
+against (b) 1 replica, two threads per actor; same records, same settings, real jobs.
+
+    python -m scripts.bench_replicas                              # SmolLM2 pair, 64 records (docs/RESULTS.md)
+    python -m scripts.bench_replicas --tiny --num-records 8 --max-new-tokens 8 --out /tmp/bench   # smoke test
+
+Each configuration is a whole job (`distributed_spec.generate.run`: input file, tokenizer, scheduler,
+completions.jsonl); tokens/s is the job's own figure (generated tokens over its wall clock, loading
+excluded). Records: the benchmark chat prompts (distributed_spec/assets/bench_prompts.jsonl, cycled).
+The verifier's draft length is constant by default so that sampled completions depend on the record
+alone (per-record seeding) and the two configurations must write identical completions; the script
+checks that. Ray starts here with 4 logical CPUs (both configurations reserve 4 one-thread or two
+two-thread bundles on the machine's cores). Writes results.json into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+from distributed_spec.config import (
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    ModelSourceConfig,
+    ParallelConfig,
+    SamplingConfig,
+    TrackingConfig,
+    VerifierConfig,
+)
+
+PROMPTS_PATH = Path(__file__).resolve().parents[1] / "distributed_spec" / "assets" / "bench_prompts.jsonl"
+# name -> (num_replicas, torch threads per actor)
+CONFIGS = {"2 replicas x 1 thread": (2, 1), "1 replica x 2 threads": (1, 2)}
+
+
+def write_records(path: Path, num_records: int) -> None:
+    prompts = [json.loads(line) for line in PROMPTS_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    with open(path, "w", encoding="utf-8") as file:
+        for index in range(num_records):
+            record = dict(prompts[index % len(prompts)])
+            record["id"] = f"b{index:03d}"
+            file.write(json.dumps(record) + "\n")
+
+
+def model_config(tiny: bool, root: Path) -> ModelConfig:
+    if not tiny:
+        return ModelConfig()  # conf/model/smollm2.yaml's pair: the embedded target and its distilled draft
+    from tests.jobs.fakes import save_tiny_pair
+
+    target, draft = save_tiny_pair(root / "pair", max_position_embeddings=1024)
+    return ModelConfig(name="tiny", target=ModelSourceConfig(str(target), "dir"), draft=ModelSourceConfig(str(draft), "dir"))
+
+
+def job_for(args, model: ModelConfig, input_path: Path, out: Path, num_replicas: int, threads: int) -> JobConfig:
+    return JobConfig(
+        model=model,
+        parallel=ParallelConfig(
+            runtime="ray",
+            device="cpu",
+            tp_size=1,
+            num_replicas=num_replicas,
+            num_cpus_per_shard=float(threads),
+            num_cpus_draft=float(threads),
+        ),
+        verifier=VerifierConfig(method="block", gamma=args.gamma, gamma_schedule=args.gamma_schedule, max_gamma=args.gamma),
+        sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0),
+        data=DataConfig(
+            input_path=str(input_path),
+            output_dir=str(out),
+            batch_size=args.batch_size,
+            resume=False,
+        ),
+        tracking=TrackingConfig(mode="disabled", progress=False),
+        log_level="WARNING",
+    )
+
+
+def completions(out: Path) -> dict[str, list[int]]:
+    lines = (out / "completions.jsonl").read_text(encoding="utf-8").splitlines()
+    return {record["id"]: record["completion_ids"] for record in map(json.loads, lines)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-records", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--gamma-schedule", default="constant", choices=["constant", "adaptive", "goodput"])
+    parser.add_argument("--tiny", action="store_true", help="tiny random models (smoke test)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    import ray
+
+    from distributed_spec.generate import run
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_replicas_"))
+    out.mkdir(parents=True, exist_ok=True)
+    input_path = out / "records.jsonl"
+    write_records(input_path, args.num_records)
+    model = model_config(args.tiny, out)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    results: dict = {"settings": vars(args) | {"out": str(out)}, "runs": {}}
+    outputs = {}
+    try:
+        for name, (num_replicas, threads) in CONFIGS.items():
+            run_dir = out / name.replace(" ", "_")
+            summary = run(job_for(args, model, input_path, run_dir, num_replicas, threads))
+            outputs[name] = completions(run_dir)
+            results["runs"][name] = {
+                key: summary[key]
+                for key in ("records", "new_tokens", "wall_time_s", "tokens_per_s", "block_efficiency")
+            } | {key: value for key, value in summary.items() if key.startswith("replica/")}
+            print(f"{name}: {summary['tokens_per_s']:.2f} tokens/s ({summary['new_tokens']} tokens, "
+                  f"{summary['wall_time_s']:.1f} s)")
+    finally:
+        ray.shutdown()
+    (replicas, threads) = (results["runs"][name]["tokens_per_s"] for name in CONFIGS)
+    first, second = outputs.values()
+    mismatched = sorted(key for key in first.keys() | second.keys() if first.get(key) != second.get(key))
+    results.update(ratio=replicas / threads if threads else float("nan"), identical=not mismatched, mismatched=mismatched)
+    print(f"ratio (2 replicas x 1 thread) / (1 replica x 2 threads): {results['ratio']:.2f}; "
+          f"completions identical: {not mismatched}" + (f" (differ: {mismatched})" if mismatched else ""))
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
