@@ -8,7 +8,8 @@ Records: the first --records-per-task prompts of each task type (chat, code, sum
 distributed_spec/assets/bench_prompts.jsonl, --max-new-tokens each (EOS may end them earlier). Every
 measurement is a real job (`distributed_spec.generate.run`) on the default pair loaded once, one job
 per task type, so each task gets its own wall clock. Policies: autoregressive (the target alone),
-and block verification with constant g for each (K, g) in --num-paths x --gammas (K = 1: one path).
+and block verification with constant g for each (K, g) in --num-paths x --gammas (K = 1: one path),
+plus the n-gram proposers of --proposers (`ngram`, `model+ngram`) at K = 1 for each g.
 They take turns within each (T, B, seed), the first rotating with the seed, so the machine's drift
 hits them alike. At T = 0 the draft's K paths are identical (its argmax), so K > 1 only adds cost:
 those runs are skipped unless --all-paths-at-t0.
@@ -41,14 +42,20 @@ ALL_TASKS = "all"
 
 @dataclass(frozen=True)
 class Policy:
-    """autoregressive (num_paths 0) or block verification with K paths of g drafts, constant g."""
+    """autoregressive (num_paths 0) or block verification with K paths of g drafts, constant g,
+    proposed by the draft model or (K = 1) by an n-gram proposer (verifier.proposer)."""
 
     num_paths: int
     gamma: int
+    proposer: str = "model"
 
     @property
     def name(self) -> str:
-        return "autoregressive" if self.num_paths == 0 else f"K={self.num_paths} g={self.gamma}"
+        if self.num_paths == 0:
+            return "autoregressive"
+        if self.proposer != "model":
+            return f"{self.proposer} g={self.gamma}"
+        return f"K={self.num_paths} g={self.gamma}"
 
     def verifier(self) -> VerifierConfig:
         if self.num_paths == 0:
@@ -59,6 +66,7 @@ class Policy:
             gamma_schedule="constant",
             max_gamma=self.gamma,
             num_paths=self.num_paths,
+            proposer=self.proposer,
         )
 
 
@@ -67,6 +75,7 @@ class Measurement:
     policy: str
     num_paths: int
     gamma: int
+    proposer: str
     temperature: float
     batch_size: int
     seed: int
@@ -90,7 +99,8 @@ def write_task_records(path: Path, task: str, num_records: int) -> int:
 
 def policies(args: argparse.Namespace, temperature: float) -> list[Policy]:
     paths = [k for k in args.num_paths if k == 1 or temperature > 0 or args.all_paths_at_t0]
-    return [Policy(0, 0)] + [Policy(k, gamma) for gamma in args.gammas for k in paths]
+    grid = [Policy(0, 0)] + [Policy(k, gamma) for gamma in args.gammas for k in paths]
+    return grid + [Policy(1, gamma, proposer) for proposer in args.proposers for gamma in args.gammas]
 
 
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
@@ -145,6 +155,7 @@ def measure_one(
         policy=policy.name,
         num_paths=policy.num_paths,
         gamma=policy.gamma,
+        proposer=policy.proposer,
         temperature=temperature,
         batch_size=batch_size,
         seed=seed,
@@ -200,6 +211,7 @@ def table(measurements: list[Measurement]) -> list[dict]:
                         "policy": policy,
                         "num_paths": runs[0].num_paths,
                         "gamma": runs[0].gamma,
+                        "proposer": runs[0].proposer,
                         "block_efficiency": tokens / iterations if iterations else float("nan"),
                         "target_calls": _mean(
                             [sum(m.num_target_calls for m in runs if m.seed == s) for s in seeds]
@@ -221,6 +233,7 @@ def table(measurements: list[Measurement]) -> list[dict]:
                 other
                 for other in rows
                 if other["num_paths"] == 1
+                and other["proposer"] == "model"
                 and all(other[key] == row[key] for key in ("temperature", "batch_size", "task", "gamma"))
             ),
             None,
@@ -288,6 +301,7 @@ def plot(rows: list[dict], out: Path) -> Path:
             for r in rows
             if (r["temperature"], r["batch_size"], r["task"]) == (temperature, batch_size, ALL_TASKS)
             and r["num_paths"] > 0
+            and r["proposer"] == "model"
         ]
         for metric, ax in zip(("block_efficiency", "speedup"), axes[:, column]):
             for gamma in sorted({r["gamma"] for r in cell}):
@@ -328,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument(
         "--all-paths-at-t0", action="store_true", help="also run K > 1 at T = 0 (identical paths)"
+    )
+    parser.add_argument(
+        "--proposers", nargs="*", default=["ngram", "model+ngram"], choices=["ngram", "model+ngram"],
+        help="n-gram proposers run at K = 1 for each g, beside the draft model's policies",
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")

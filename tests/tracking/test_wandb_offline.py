@@ -33,7 +33,8 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
     offline = wait_for_offline_run(runs[0])
     assert offline.complete
     assert offline.config["verifier"] == {
-        "method": "token", "gamma": 2, "gamma_schedule": "constant", "max_gamma": 8, "draft_confidence_threshold": 0.0
+        "method": "token", "gamma": 2, "gamma_schedule": "constant", "max_gamma": 8, "draft_confidence_threshold": 0.0,
+        "proposer": "model", "ngram_min": 1, "ngram_max": 3, "num_paths": 1,
     }
     assert offline.config["sampling"]["max_new_tokens"] == 4
     assert {"unit", "token", "gamma=2", "local"} <= set(offline.tags)
