@@ -46,9 +46,17 @@ def write_records(path: Path, num_records: int) -> None:
             file.write(json.dumps(record) + "\n")
 
 
-def model_config(tiny: bool, root: Path) -> ModelConfig:
+def model_config(tiny: bool, root: Path, dtype: str) -> ModelConfig:
     if not tiny:
-        return ModelConfig()  # conf/model/smollm2.yaml's pair: the embedded target and its distilled draft
+        # conf/model/smollm2.yaml's pair as the job composes it: the embedded target and its distilled
+        # draft (ModelConfig()'s own fallback draft is the truncated target, which keeps few tokens).
+        from hydra import compose, initialize_config_dir
+
+        from distributed_spec.generate import CONF_DIR
+
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            config = compose(config_name="generate", overrides=[f"model.dtype={dtype}"])
+        return JobConfig.from_dictconfig(config).model
     from tests.jobs.fakes import save_tiny_pair
 
     target, draft = save_tiny_pair(root / "pair", max_position_embeddings=1024)
@@ -92,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--gamma-schedule", default="constant", choices=["constant", "adaptive", "goodput"])
+    parser.add_argument("--dtype", default="bfloat16", help="model.dtype of the pair (not with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (smoke test)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -105,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     input_path = out / "records.jsonl"
     write_records(input_path, args.num_records)
-    model = model_config(args.tiny, out)
+    model = model_config(args.tiny, out, args.dtype)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     results: dict = {"settings": vars(args) | {"out": str(out)}, "runs": {}}
     outputs = {}

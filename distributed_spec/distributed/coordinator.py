@@ -374,6 +374,8 @@ class RayCoordinator:
             num_draft_tokens=result.num_draft_tokens,
             target_s=result.target_s,
             verify_s=result.verify_s,
+            prefill_s=result.prefill_s,
+            num_prefill_apart_tokens=result.num_prefill_apart_tokens,
             num_draft_calls=result.num_draft_calls,
             num_target_calls=result.num_target_calls,
         )

@@ -93,3 +93,6 @@ class StepResult:
     num_target_calls: int = 0
     # Seconds of a discarded block drafted ahead (from the block).
     discarded_ahead_s: float = 0.0
+    # Rank 0's prompt forwards for joining rows run apart in this step: seconds and prompt tokens.
+    prefill_s: float = 0.0
+    num_prefill_apart_tokens: int = 0

@@ -115,6 +115,7 @@ class TargetShard:
     def score_and_verify(self, block: DraftBlock, request: StepRequest) -> StepResult | None:
         """Apply the row changes, score the block, verify it inside the group, crop the cache. Rank 0
         returns the result (the other ranks get the block without q)."""
+        prefill_before = (self.runner.prefill_apart_s, self.runner.num_prefill_apart_tokens)
         self.side.update_rows(request.keep_rows, request.new_prompts)
         draft_ids = block.draft_ids.to(self.device)  # [B, g]
         gamma = draft_ids.shape[1]
@@ -159,6 +160,8 @@ class TargetShard:
             num_draft_calls=block.num_draft_calls,
             num_target_calls=self.runner.num_forward_calls,
             discarded_ahead_s=block.discarded_ahead_s,
+            prefill_s=self.runner.prefill_apart_s - prefill_before[0],
+            num_prefill_apart_tokens=self.runner.num_prefill_apart_tokens - prefill_before[1],
         )
 
     def _synchronize(self) -> None:

@@ -91,6 +91,10 @@ class StepOutcome:
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
+    # Seconds and prompt tokens of the forwards that fed joining rows apart from the block
+    # (ModelRunner.prefill_apart_s: target and draft; the Ray runtime reports the target's).
+    prefill_s: float = 0.0
+    num_prefill_apart_tokens: int = 0
     # Draft forward calls so far (cumulative) and target forward calls so far.
     num_draft_calls: int = 0
     num_target_calls: int = 0
@@ -210,6 +214,7 @@ class LocalExecutor:
         options = self.options
         watch = _Stopwatch(self.device)
         draft = self.active_draft
+        self._prefill_before = self._prefill_counters()
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if draft is not None:
             draft.update_rows(plan.keep_rows, plan.new_prompts)
@@ -269,6 +274,11 @@ class LocalExecutor:
                 )
         return self._outcome(watch, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
 
+    def _prefill_counters(self) -> tuple[float, int]:
+        """(seconds, target prompt tokens) fed apart so far, both models' seconds together."""
+        runners = [self.target.runner] + ([self.active_draft.runner] if self.active_draft is not None else [])
+        return sum(runner.prefill_apart_s for runner in runners), self.target.runner.num_prefill_apart_tokens
+
     def _outcome(
         self,
         watch: _Stopwatch,
@@ -277,7 +287,12 @@ class LocalExecutor:
         draft_ids: torch.Tensor,
         num_draft_tokens: torch.Tensor,
     ) -> StepOutcome:
+        prefill_s, num_prefill_tokens = (
+            now - before for now, before in zip(self._prefill_counters(), self._prefill_before)
+        )
         return StepOutcome(
+            prefill_s=prefill_s,
+            num_prefill_apart_tokens=int(num_prefill_tokens),
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),
             next_tokens=next_tokens.cpu(),

@@ -41,6 +41,7 @@ slot in attention until the next compaction, and nothing is ever recomputed.
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,10 @@ class ModelRunner:
         self._cache_kwarg = _cache_kwarg(model)
         self._can_keep_logits = "logits_to_keep" in forward_params
         self.num_forward_calls = 0
+        # Seconds and prompt tokens of the forwards that fed joining rows apart (cumulative): the
+        # goodput schedule takes them off a step's wall clock, measured rather than estimated.
+        self.prefill_apart_s = 0.0
+        self.num_prefill_apart_tokens = 0
         self.cache: DynamicCache | None = None
         # [B, L] long: 1 where slot l of row b holds a kept token.
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
@@ -217,6 +222,7 @@ class ModelRunner:
         longest = max(len(chunks[row]) for row in new_rows)
         if (self.batch_size - len(new_rows)) * longest < self.prefill_apart_min_slots:
             return chunks
+        start = time.perf_counter()
         input_ids, input_mask = _left_pad([chunks[row] for row in new_rows])
         input_ids, input_mask = input_ids.to(self.device), input_mask.to(self.device)
         own_cache = DynamicCache()
@@ -235,6 +241,10 @@ class ModelRunner:
         rows = torch.tensor(new_rows, device=self.device)
         _place_slots(self.cache, own_cache, rows)
         self.slot_mask[rows, self.num_slots - longest :] = input_mask
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.prefill_apart_s += time.perf_counter() - start
+        self.num_prefill_apart_tokens += int(input_mask.sum())
         for row in new_rows:
             chunks[row] = []
         return chunks if any(chunks) else None

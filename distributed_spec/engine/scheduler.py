@@ -393,4 +393,11 @@ class Scheduler:
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
-        self.goodput.observe_step(len(rows), plan.gamma, seconds, plan.num_prefill_tokens)
+        # Prompt forwards run apart were timed: their seconds come off the step; the rest of the
+        # prompt tokens' cost is fitted (StepCostModel).
+        self.goodput.observe_step(
+            len(rows),
+            plan.gamma,
+            max(seconds - outcome.prefill_s, 0.0),
+            max(plan.num_prefill_tokens - outcome.num_prefill_apart_tokens, 0),
+        )
