@@ -214,7 +214,7 @@ class LocalExecutor:
         options = self.options
         watch = _Stopwatch(self.device)
         draft = self.active_draft
-        self._prefill_before = self._prefill_counters()
+        prefill_before = self._prefill_counters()
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if draft is not None:
             draft.update_rows(plan.keep_rows, plan.new_prompts)
@@ -222,7 +222,7 @@ class LocalExecutor:
             accepted_counts, next_tokens, draft_ids = run_multipath_step(
                 self.target, draft, options.method, plan.sampling, plan, watch.section
             )
-            return self._outcome(watch, accepted_counts, next_tokens, draft_ids, plan.num_draft_tokens)
+            return self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, plan.num_draft_tokens)
         decoding = plan.decoding.to(self.device)
         num_draft_tokens = plan.num_draft_tokens.to(self.device)
         draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
@@ -272,7 +272,7 @@ class LocalExecutor:
                 draft.commit(
                     draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
                 )
-        return self._outcome(watch, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
+        return self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
 
     def _prefill_counters(self) -> tuple[float, int]:
         """(seconds, target prompt tokens) fed apart so far, both models' seconds together."""
@@ -282,13 +282,14 @@ class LocalExecutor:
     def _outcome(
         self,
         watch: _Stopwatch,
+        prefill_before: tuple[float, int],
         accepted_counts: torch.Tensor,
         next_tokens: torch.Tensor,
         draft_ids: torch.Tensor,
         num_draft_tokens: torch.Tensor,
     ) -> StepOutcome:
         prefill_s, num_prefill_tokens = (
-            now - before for now, before in zip(self._prefill_counters(), self._prefill_before)
+            now - before for now, before in zip(self._prefill_counters(), prefill_before)
         )
         return StepOutcome(
             prefill_s=prefill_s,

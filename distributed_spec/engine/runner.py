@@ -178,6 +178,19 @@ class ModelRunner:
         position_ids = self.num_kept_tokens()[:, None] + input_mask.cumsum(dim=-1) - 1
         position_ids = position_ids.clamp(min=0)
         self.slot_mask = torch.cat([self.slot_mask, input_mask], dim=-1)
+        logits = self._model_forward(input_ids, self.slot_mask, position_ids, self.cache, num_logits)
+        return logits[:, -num_logits:] if num_logits else logits
+
+    def _model_forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        num_logits: int | None,
+    ) -> torch.Tensor:
+        """One model call appending input_ids [B, n] to `cache`; logits [B, n or num_logits, V]."""
+        num_new = input_ids.shape[1]
         keep = {}
         if num_logits and self._can_keep_logits:
             # Positions as an index tensor, not the int: the int slices a strided view of the hidden
@@ -186,15 +199,14 @@ class ModelRunner:
             keep["logits_to_keep"] = torch.arange(max(num_new - num_logits, 0), num_new, device=self.device)
         out = self.model(
             input_ids=input_ids,
-            attention_mask=self.slot_mask,
+            attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            **{self._cache_kwarg: self.cache},
+            **{self._cache_kwarg: cache},
             **keep,
         )
         self.num_forward_calls += 1
-        logits = out.logits  # [B, n or num_logits, V]
-        return logits[:, -num_logits:] if num_logits else logits
+        return out.logits
 
     def _take_staged(self, max_staged: int | None) -> list[list[int]] | None:
         """Remove and return each row's next staged chunk, or None when no row has staged tokens."""
@@ -226,16 +238,8 @@ class ModelRunner:
         input_ids, input_mask = _left_pad([chunks[row] for row in new_rows])
         input_ids, input_mask = input_ids.to(self.device), input_mask.to(self.device)
         own_cache = DynamicCache()
-        keep = {"logits_to_keep": torch.arange(longest - 1, longest, device=self.device)} if self._can_keep_logits else {}
-        self.model(
-            input_ids=input_ids,
-            attention_mask=input_mask,
-            position_ids=(input_mask.cumsum(dim=-1) - 1).clamp(min=0),
-            use_cache=True,
-            **{self._cache_kwarg: own_cache},
-            **keep,
-        )
-        self.num_forward_calls += 1
+        position_ids = (input_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        self._model_forward(input_ids, input_mask, position_ids, own_cache, num_logits=1)
         if longest > self.num_slots:
             self._pad_left(longest - self.num_slots)
         rows = torch.tensor(new_rows, device=self.device)
