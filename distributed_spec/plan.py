@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 from distributed_spec.config import ConfigError, JobConfig
 
 # Importing the job registers its ${ds.*} resolvers and names its config directory.
-from distributed_spec.generate import CONF_DIR
+from distributed_spec.hydra_config import CONF_DIR
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@
 
 Records: the first --records-per-task prompts of each task type (chat, code, summarisation) of
 distributed_spec/assets/bench_prompts.jsonl, --max-new-tokens each (EOS may end them earlier). Every
-measurement is a real job (`distributed_spec.generate.run`) on the default pair loaded once, one job
+measurement is a real job (`distributed_spec.jobs.runner.run`) on the default pair loaded once, one job
 per task type, so each task gets its own wall clock. Policies: autoregressive (the target alone),
 and block verification with constant g for each (K, g) in --num-paths x --gammas (K = 1: one path),
 plus the n-gram proposers of --proposers (`ngram`, `model+ngram`) at K = 1 for each g.
@@ -104,7 +104,7 @@ def policies(args: argparse.Namespace, temperature: float) -> list[Policy]:
 
 
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
-    from distributed_spec.jobs.runtime import build_generator
+    from distributed_spec.jobs.runner import build_generator
 
     for task in TASKS:
         write_task_records(work / f"{task}.jsonl", task, args.records_per_task)

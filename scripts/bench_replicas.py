@@ -4,7 +4,7 @@ against (b) 1 replica, two threads per actor; same records, same settings, real 
     python -m scripts.bench_replicas                              # SmolLM2 pair, 64 records (docs/RESULTS.md)
     python -m scripts.bench_replicas --tiny --num-records 8 --max-new-tokens 8 --out /tmp/bench   # smoke test
 
-Each configuration is a whole job (`distributed_spec.generate.run`: input file, tokenizer, scheduler,
+Each configuration is a whole job (`distributed_spec.jobs.runner.run`: input file, tokenizer, scheduler,
 completions.jsonl); tokens/s is the job's own figure (generated tokens over its wall clock, loading
 excluded). Records: the benchmark chat prompts (distributed_spec/assets/bench_prompts.jsonl, cycled).
 The verifier's draft length is constant by default so that sampled completions depend on the record
@@ -52,7 +52,7 @@ def model_config(tiny: bool, root: Path, dtype: str) -> ModelConfig:
         # draft (ModelConfig()'s own fallback draft is the truncated target, which keeps few tokens).
         from hydra import compose, initialize_config_dir
 
-        from distributed_spec.generate import CONF_DIR
+        from distributed_spec.hydra_config import CONF_DIR
 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             config = compose(config_name="generate", overrides=[f"model.dtype={dtype}"])
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from distributed_spec.generate import run
+    from distributed_spec.jobs.runner import run
 
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_replicas_"))
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@
 Records: --num-records chat/code/summarisation prompts (distributed_spec/assets/bench_prompts.jsonl,
 cycled), each asking for its own max_new_tokens from a length-skewed mix (three in four short, one in
 four long; natural EOS shortens more), written as a job input file. Every measurement is a real job
-(`distributed_spec.generate.run`: input file, tokenizer, scheduler, completions.jsonl) on a pair loaded
+(`distributed_spec.jobs.runner.run`: input file, tokenizer, scheduler, completions.jsonl) on a pair loaded
 once per runtime; tokens/s is the job's own figure (generated tokens over its wall-clock).
 
 Policies, all in one run, taking turns within each (runtime, temperature, batch size, seed) so the
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distributed_spec.config import JobConfig, SchedulingConfig, VerifierConfig
-from distributed_spec.generate import CONF_DIR, run
+from distributed_spec.hydra_config import CONF_DIR
+from distributed_spec.jobs.runner import run
 
 logger = logging.getLogger("bench_throughput")
 
@@ -164,7 +165,7 @@ def policies(args: argparse.Namespace) -> list[Policy]:
 
 
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
-    from distributed_spec.jobs.runtime import build_generator
+    from distributed_spec.jobs.runner import build_generator
 
     input_path = work / "records.jsonl"
     write_records(input_path, args.num_records)

@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from distributed_spec.config import MODEL_KINDS, ConfigError, JobConfig, ParallelConfig
-from distributed_spec.generate import CONF_DIR
+from distributed_spec.hydra_config import CONF_DIR
 from tests.jobs.cli_runs import cli, read_jsonl, tiny_args, write_prompts
 from tests.jobs.fakes import save_tiny_pair
 
@@ -243,8 +243,8 @@ def test_multirun_sweep_writes_one_output_dir_per_run(tiny_pair, tmp_path):
 
 def test_ngram_proposer_job_loads_no_draft_and_reports_its_rows(tiny_pair, tmp_path):
     """proposer=ngram: the target alone is loaded; the summary counts the rows served by n-grams."""
-    from distributed_spec.generate import run
-    from distributed_spec.jobs.local_runtime import LocalGenerator
+    from distributed_spec.jobs.local_generator import LocalGenerator
+    from distributed_spec.jobs.runner import run
 
     input_path = tmp_path / "prompts.jsonl"
     write_prompts(input_path, 4)

@@ -69,7 +69,7 @@ class ReplicaWorker:
             if self.generator is None:
                 import torch
 
-                from distributed_spec.jobs.ray_runtime import RayGenerator
+                from distributed_spec.jobs.ray_generator import RayGenerator
 
                 # The scheduler's own tensors are tiny; the models' threads are the shards' and the draft's.
                 torch.set_num_threads(1)
@@ -98,7 +98,7 @@ class ReplicaWorker:
     def run(self, work, results, epoch: int):
         """Decode records from `work` until a stop message of this epoch; returns the run's RunStats."""
         from distributed_spec.engine.speculative import to_result
-        from distributed_spec.jobs.local_runtime import request_for_item
+        from distributed_spec.jobs.scheduler_generator import request_for_item
 
         self.start()
         generator = self.generator

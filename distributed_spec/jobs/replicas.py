@@ -36,11 +36,11 @@ from distributed_spec.distributed.group import remove_shm_segments
 from distributed_spec.distributed.placement import cluster_nodes, local_num_cpus
 from distributed_spec.distributed.replica_placement import resolve_num_replicas
 from distributed_spec.engine.config import RunStats
-from distributed_spec.jobs.local_runtime import model_spec
-from distributed_spec.jobs.ray_runtime import load_tokenizer
+from distributed_spec.jobs.generator import GenerationItem
 from distributed_spec.jobs.replica_ledger import WorkLedger
 from distributed_spec.jobs.replica_worker import TAKEN, ReplicaWorker, pack, stop_message, unpack
-from distributed_spec.jobs.runtime import GenerationItem
+from distributed_spec.jobs.scheduler_generator import model_spec
+from distributed_spec.models.tokenizers import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ dies, and when the driver is SIGKILLed and the job resumed with another replica 
     timeout 900 .venv/bin/python -m pytest tests/distributed/test_replicas.py -x -q
 
 Tiny random models saved to disk (the job's real loader); one runtime and one 2-replica pool are
-launched once for the module and reused through `generate.run` (each test its own output dir).
+launched once for the module and reused through `jobs.runner.run` (each test its own output dir).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from distributed_spec.config import (
 from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.placement import cluster_nodes
 from distributed_spec.distributed.replica_placement import resolve_num_replicas
-from distributed_spec.generate import run
-from distributed_spec.jobs.ray_runtime import RayGenerator
+from distributed_spec.jobs.ray_generator import RayGenerator
 from distributed_spec.jobs.replicas import ReplicaPool
+from distributed_spec.jobs.runner import run
 from tests.jobs.cli_runs import cli, sigkill_after_lines
 from tests.jobs.fakes import save_tiny_pair
 
@@ -254,7 +254,7 @@ def test_an_ordinary_error_ends_the_stream_after_the_other_replicas_finish(pool)
     """A record the models cannot take (a token id past the vocabulary) fails its replica's batch: the
     pool raises once the other replica is done, having yielded every record not in that batch, and
     serves the next stream as before."""
-    from distributed_spec.jobs.runtime import GenerationItem
+    from distributed_spec.jobs.generator import GenerationItem
 
     items = [GenerationItem(handle=i, prompt_ids=[5, 6, 7 + i], seed_key=str(i)) for i in range(10)]
     items[4] = GenerationItem(handle=4, prompt_ids=[5, 10_000], seed_key="4")

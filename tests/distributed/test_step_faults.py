@@ -3,7 +3,7 @@
     timeout 600 .venv/bin/python -m pytest tests/distributed/test_step_faults.py -x -q
 
 The target's forward fails on cue (tests/distributed/faulty.py). Each test runs the job
-(generate.run) over the coordinator and ends with every record exactly once in completions +
+(jobs.runner.run) over the coordinator and ends with every record exactly once in completions +
 errors, the completions token for token those of the single-process engine.
 """
 
@@ -19,8 +19,9 @@ from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, Track
 from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import SpeculativeEngine
-from distributed_spec.generate import run
-from distributed_spec.jobs.local_runtime import SchedulerGenerator, engine_config, eos_ids
+from distributed_spec.jobs.runner import run
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, engine_config
+from distributed_spec.models.tokenizers import eos_ids
 from tests.distributed.faulty import FaultyTarget
 from tests.jobs.cli_runs import read_jsonl
 from tests.jobs.fakes import tiny_chat_tokenizer

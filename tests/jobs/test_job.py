@@ -7,7 +7,7 @@ import json
 import pytest
 
 from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, TrackingConfig, VerifierConfig
-from distributed_spec.generate import cut_at_stop, run
+from distributed_spec.jobs.runner import cut_at_stop, run
 from tests.jobs.fakes import FakeGenerator
 
 RECORDS = [

@@ -15,10 +15,10 @@ from distributed_spec.config import (
     TrackingConfig,
     VerifierConfig,
 )
-from distributed_spec.generate import run
 from distributed_spec.jobs.errors import RecordError, record_error
 from distributed_spec.jobs.io import InputRecord, RecordSampling, read_records
 from distributed_spec.jobs.openai_batch import check_request, error_line, output_key, response_line
+from distributed_spec.jobs.runner import run
 from tests.jobs.fakes import FakeGenerator
 
 CHAT = "/v1/chat/completions"

@@ -6,7 +6,7 @@ import json
 import struct
 
 from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, TrackingConfig, VerifierConfig
-from distributed_spec.generate import run
+from distributed_spec.jobs.runner import run
 from distributed_spec.tracking.wandb_offline import (
     _BLOCK_LEN,
     _records,

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSourceConfig, ParallelConfig
-from distributed_spec.jobs import runtime
-from distributed_spec.jobs.runtime import check_runtime_available, check_vocab_sizes
+from distributed_spec.jobs import runner
+from distributed_spec.jobs.generator import check_vocab_sizes
+from distributed_spec.jobs.runner import check_runtime_available
 
 
 def _model_dir(path, vocab_size):
@@ -44,7 +45,7 @@ def test_missing_ray_runtime_fails_with_not_available_yet(monkeypatch):
     def find_spec(name, *args):
         return None if name.startswith("distributed_spec.distributed") else real_find_spec(name, *args)
 
-    monkeypatch.setattr(runtime.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(runner.importlib.util, "find_spec", find_spec)
     job = JobConfig(parallel=ParallelConfig(runtime="ray"))
     with pytest.raises(ConfigError, match="parallel.runtime=ray is not available yet"):
         check_runtime_available(job)

@@ -11,14 +11,13 @@ accepted prefix and emits one correction or bonus token; block efficiency = toke
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from distributed_spec.config import DERIVED_KINDS, ConfigError, JobConfig, ModelConfig, ModelSourceConfig
+from distributed_spec.config import DERIVED_KINDS, ConfigError, ModelConfig, ModelSourceConfig
 from distributed_spec.jobs.io import RecordSampling
 
 if TYPE_CHECKING:
@@ -93,36 +92,3 @@ def check_vocab_sizes(model: ModelConfig) -> None:
             f"model.target.source={model.target.source!r} has {target_size}: pick a draft that shares "
             "the target's tokenizer"
         )
-
-
-def check_runtime_available(job: JobConfig) -> None:
-    """Fail before loading anything when the chosen runtime is not part of this installation."""
-    module = {"local": "distributed_spec.engine", "ray": "distributed_spec.distributed.coordinator"}[
-        job.parallel.runtime
-    ]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        raise ConfigError(
-            f"parallel.runtime={job.parallel.runtime} is not available yet ({module} is missing); "
-            "use parallel.runtime=local"
-        )
-
-
-def build_generator(job: JobConfig) -> Generator:
-    """Load the pair for `job.parallel.runtime`; the runtime modules are imported only here."""
-    check_runtime_available(job)
-    if job.parallel.runtime == "local":
-        from distributed_spec.jobs.local_runtime import LocalGenerator
-
-        return LocalGenerator(job)
-    if job.parallel.num_replicas != 1:
-        # Data-parallel replicas of the runtime, one work queue (jobs/replicas.py).
-        from distributed_spec.jobs.replicas import ReplicaPool
-
-        return ReplicaPool(job)
-    from distributed_spec.jobs.ray_runtime import RayGenerator
-
-    return RayGenerator(job)

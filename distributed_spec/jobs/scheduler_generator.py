@@ -1,27 +1,23 @@
-"""`parallel.runtime=local`: the single-process engine behind the job's Generator interface.
+"""The job's Generator over the engine's scheduler: what the local and the Ray generators share.
 
-Loads the pair with distributed_spec.models.load_pair (which checks the shared vocabulary) on
-`parallel.device`, and decodes with distributed_spec.engine.SpeculativeEngine.
+`SchedulerGenerator.stream` turns job items into engine requests (each seeded from (sampling.seed,
+record id), with the record's own sampling settings) and runs them through the scheduler of its
+backend: the SpeculativeEngine (jobs/local_generator.py) or the RayCoordinator (jobs/ray_generator.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import torch
-
 from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSourceConfig
-from distributed_spec.engine import EngineConfig, RunStats, SpeculativeEngine
+from distributed_spec.engine import EngineConfig, RunStats
 from distributed_spec.engine.scheduler import Scheduler
 from distributed_spec.engine.speculative import make_request, to_result
-from distributed_spec.jobs.runtime import GenerationItem
-from distributed_spec.models import ModelSpec, load_model, load_pair
+from distributed_spec.jobs.generator import GenerationItem
+from distributed_spec.models import ModelSpec
 from distributed_spec.verify import SamplingParams
-
-logger = logging.getLogger(__name__)
 
 
 def model_spec(model: ModelConfig, source: ModelSourceConfig, device: str) -> ModelSpec:
@@ -59,22 +55,9 @@ def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfi
     )
 
 
-def eos_ids(tokenizer, model) -> tuple[int, ...]:
-    """End-of-sequence ids from the tokenizer and the model's generation config (it may list several)."""
-    ids: set[int] = set()
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(generation_eos, int):
-        ids.add(generation_eos)
-    elif generation_eos:
-        ids.update(int(token_id) for token_id in generation_eos)
-    return tuple(sorted(ids))
-
-
 class SchedulerGenerator:
     """The job's Generator over anything that runs the engine's scheduler (`self.backend`: the
-    SpeculativeEngine here, the RayCoordinator in ray_runtime.py) with `self._config`."""
+    SpeculativeEngine here, the RayCoordinator in ray_generator.py) with `self._config`."""
 
     backend: Any
     _config: EngineConfig
@@ -104,53 +87,6 @@ class SchedulerGenerator:
         requests = (request_for_item(item, self._config, vocab_size, self.max_context_len) for item in items)
         for request in self._scheduler.run(requests):
             yield request.key, to_result(request)
-
-
-class LocalGenerator(SchedulerGenerator):
-    """The pair and the engine in this process."""
-
-    def __init__(self, job: JobConfig) -> None:
-        device = job.parallel.resolved_device()
-        if job.parallel.num_threads is not None:
-            torch.set_num_threads(job.parallel.num_threads)
-        target_spec = model_spec(job.model, job.model.target, device)
-        draft_spec = model_spec(job.model, job.model.draft, device)
-        try:
-            if not job.verifier.uses_draft_model:
-                # The baseline, or n-gram blocks: the target alone, no draft loaded.
-                target, draft = load_model(target_spec), None
-            else:
-                target, draft = load_pair(target_spec, draft_spec)
-        except ValueError as err:
-            # Vocabulary mismatch, missing files, bad kinds: configuration, not a crash.
-            raise ConfigError(f"model: {err}") from err
-        tokenizer = target.tokenizer
-        if job.model.tokenizer is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(
-                job.model.tokenizer, trust_remote_code=job.model.trust_remote_code
-            )
-        if tokenizer is None:
-            raise ConfigError(f"model.target {target.name!r} has no tokenizer; set model.tokenizer")
-        self.tokenizer = tokenizer
-        self.has_draft_model = draft is not None
-        self._config = engine_config(job, eos_ids(tokenizer, target.model))
-        self.engine = SpeculativeEngine(target.model, draft.model if draft else None, self._config, tokenizer)
-        self.backend = self.engine
-        contexts = [context for context in (job.model.max_context_len, self.engine.max_context) if context]
-        self.max_context_len = min(contexts) if contexts else 1 << 30
-        logger.info(
-            "loaded target %s and draft %s on %s (context %d, eos ids %s)",
-            target.name,
-            draft.name if draft else "none",
-            device,
-            self.max_context_len,
-            self._config.eos_token_ids,
-        )
-
-    def close(self) -> None:
-        self.engine = self.backend = None
 
 
 def request_for_item(item: GenerationItem, config: EngineConfig, vocab_size: int, max_context: int):

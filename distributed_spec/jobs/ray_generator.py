@@ -8,59 +8,20 @@ in-process when `parallel.ray_address` is null, or joins the cluster it names (`
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from distributed_spec.config import ConfigError, JobConfig, ModelConfig
+from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.group import LoadTimeoutError
-from distributed_spec.jobs.local_runtime import SchedulerGenerator, engine_config, eos_ids, model_spec
-from distributed_spec.models import ModelSpec
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, engine_config, model_spec
+from distributed_spec.models.tokenizers import (
+    GenerationConfigHolder,
+    eos_ids,
+    load_generation_config,
+    load_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
-
-def load_generation_config(model: ModelConfig, target_spec: ModelSpec):
-    """The target's generation config (its EOS ids) without loading weights, or None if it has none."""
-    from transformers import GenerationConfig
-
-    if target_spec.resolved_kind not in ("hub", "dir", "auto"):
-        return None
-    extra = {"revision": target_spec.revision} if target_spec.revision is not None else {}
-    try:
-        return GenerationConfig.from_pretrained(
-            target_spec.source, trust_remote_code=model.trust_remote_code, **extra
-        )
-    except (OSError, ValueError):
-        return None
-
-
-class _GenerationConfigHolder:
-    """What eos_ids reads from a model: its generation_config."""
-
-    def __init__(self, generation_config) -> None:
-        self.generation_config = generation_config
-
-
-def load_tokenizer(model: ModelConfig, target_spec: ModelSpec):
-    """The pair's tokenizer without loading weights: model.tokenizer, else the target's."""
-    from transformers import AutoTokenizer
-
-    from distributed_spec.models.fetch import smollm2_gguf_path
-
-    extra: dict[str, str] = {}
-    if model.tokenizer is not None:
-        location = model.tokenizer
-    elif target_spec.resolved_kind in ("smollm2", "gguf"):
-        gguf_path = (
-            smollm2_gguf_path() if target_spec.resolved_kind == "smollm2" else Path(target_spec.source)
-        )
-        location, extra = str(gguf_path.parent), {"gguf_file": gguf_path.name}
-    else:
-        location = target_spec.source
-        if target_spec.revision is not None:
-            extra["revision"] = target_spec.revision
-    return AutoTokenizer.from_pretrained(location, trust_remote_code=model.trust_remote_code, **extra)
-
 
 class RayGenerator(SchedulerGenerator):
     """A RayCoordinator started once for the whole job (each stream reuses its actors)."""
@@ -71,7 +32,7 @@ class RayGenerator(SchedulerGenerator):
         draft_spec = model_spec(job.model, job.model.draft, runtime.device)
         self.tokenizer = load_tokenizer(job.model, target_spec)
         # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
-        generation_config = _GenerationConfigHolder(load_generation_config(job.model, target_spec))
+        generation_config = GenerationConfigHolder(load_generation_config(job.model, target_spec))
         self._config = engine_config(job, eos_ids(self.tokenizer, generation_config))
         uses_draft = job.verifier.uses_draft_model
         self.has_draft_model = uses_draft
