@@ -79,13 +79,14 @@ def draft_spec(draft: str = "auto", num_layers: int = 4, distilled_dir: str | No
     return truncated
 
 
-def load_default_pair(draft: str = "auto", dtype: str = "float32", num_layers: int = 4, **spec_kwargs):
-    """(target, draft) LoadedModels: the embedded SmolLM2 target and draft_spec(draft)."""
+def load_default_pair(draft: str = "auto", dtype: str = "float32", num_layers: int = 4,
+                      distilled_dir: str | None = None, device: str = "cpu"):
+    """(target, draft) LoadedModels: the embedded SmolLM2 target and draft_spec(draft, ...)."""
     from distributed_spec.models import ModelSpec, load_pair
 
-    target_spec = ModelSpec("smollm2", dtype=dtype, **spec_kwargs)
+    target_spec = ModelSpec("smollm2", dtype=dtype, device=device)
     # The draft follows the target's dtype (its "auto"): a derived draft shares its modules.
-    return load_pair(target_spec, draft_spec(draft, num_layers, **spec_kwargs))
+    return load_pair(target_spec, draft_spec(draft, num_layers, distilled_dir, device=device))
 
 
 # ----------------------------------------------------------------------------- statistics and timing
