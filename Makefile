@@ -33,7 +33,7 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check distributed_spec tests scripts
+	$(VENV)/bin/ruff check distributed_spec tests scripts research
 
 bench-verify: install
 	$(PY) -m scripts.bench_verify

@@ -5,6 +5,8 @@ generation, same models, prompts and seeds, in one run.
     python -m scripts.bench --num-prompts 12 --max-new-tokens 32 --seeds 0 --out docs/bench
     python -m scripts.bench --dtype bfloat16 ...              # both models' weights in bf16
     python -m scripts.bench --costs-only --dtype float32      # the forward-cost table alone (seconds)
+    python -m scripts.bench --engine-table                    # the engine's methods at batch 8 (below)
+    python -m scripts.bench --engine-table --draft truncated --num-layers 8 --temperatures 0 --methods greedy
 
 Default pair: SmolLM2-135M-Instruct target with the bundled distilled draft (falls back to the
 target's first 4 layers, with a warning, when the distilled draft is missing). Prompts:
@@ -22,6 +24,13 @@ engine follows. The runs of one (temperature, seed) take turns prompt by prompt 
 the sweep), so drift in the machine's speed hits them alike. Before the grid, the cost model behind
 every speedup is measured: one target forward of n = 1..g+1 tokens and one draft forward, batch 1.
 Writes results.md, results.json and PNG plots into --out.
+
+--engine-table: our engine alone, its methods (--methods, default autoregressive, token, block) on the
+short chat questions of scripts/common.py (--num-prompts, cycled), one g, T and seed, after a short
+warm-up; every method runs --repeats times, interleaved, and its fastest run is kept. A markdown
+table per batch size: tokens/s, speedup over autoregressive, block efficiency, target and draft
+calls, acceptance per draft position, and where the time went (draft / target / verify / other).
+Grid flags left out take the mode's defaults (GRID_DEFAULTS, ENGINE_DEFAULTS).
 """
 
 from __future__ import annotations
@@ -36,13 +45,28 @@ from pathlib import Path
 
 import torch
 
-from distributed_spec.engine import EngineConfig, SpeculativeEngine
-from distributed_spec.models import LoadedModel, ModelSpec, load_pair
+from distributed_spec.engine import EngineConfig, RunStats, SpeculativeEngine
 from distributed_spec.verify import SamplingParams
+from scripts.common import (
+    chat_ids,
+    load_default_pair,
+    markdown_table,
+    mean_spread,
+    pyplot,
+    question_prompts,
+    read_bench_prompts,
+    save_figure,
+)
 
 logger = logging.getLogger("bench")
 
-PROMPTS_PATH = Path(__file__).resolve().parent.parent / "distributed_spec" / "assets" / "bench_prompts.jsonl"
+# Defaults of the grid flags left out, per mode.
+GRID_DEFAULTS = dict(gammas=[2, 4, 6, 8], temperatures=[0.0, 0.6, 1.0], seeds=[0, 1, 2], num_prompts=36,
+                     batch_sizes=[1, 4, 16], dtype="float32", threads=torch.get_num_threads())
+# One thread: on a small CPU shared with other jobs, multi-threaded small matmuls spin-wait and can
+# run 10-100x slower than single-threaded ones.
+ENGINE_DEFAULTS = dict(gammas=[4], temperatures=[1.0], seeds=[0], num_prompts=8, batch_sizes=[8], dtype="auto",
+                       threads=1)
 # Sun et al., PaLM-2-S / PaLM-2-XXS, block over token verification: block efficiency gain per gamma.
 PAPER_BLOCK_OVER_TOKEN = {4: 1.035, 6: 1.06, 8: 1.083}
 
@@ -74,35 +98,15 @@ def speedups(results: list[Measurement], m: Measurement) -> list[float]:
     return []
 
 
-def _mean_spread(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def load_default_pair(draft: str, dtype: str = "float32") -> tuple[LoadedModel, LoadedModel]:
-    """The embedded SmolLM2 target with the bundled distilled draft (or its first 4 layers)."""
-    target_spec = ModelSpec("smollm2", dtype=dtype)
-    if draft == "distilled":
-        try:
-            from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
-
-            return load_pair(target_spec, ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
-        except (ImportError, FileNotFoundError, OSError) as error:
-            logger.warning("distilled draft unavailable (%s); using the target's first 4 layers", error)
-    return load_pair(target_spec, ModelSpec(kind="truncated", num_layers=4))
-
-
 def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str]]:
-    records = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+    """The first num_prompts bench prompts, task types interleaved, as chat token ids; and their tasks."""
+    records = read_bench_prompts()
     # Interleave the task types so that a prefix of the list still mixes them.
     by_task: dict[str, list[dict]] = {}
     for record in records:
         by_task.setdefault(record["task"], []).append(record)
     interleaved = [r for group in zip(*by_task.values()) for r in group][:num_prompts]
-    prompts = [
-        tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
-        for r in interleaved
-    ]
-    return [list(p) for p in prompts], [r["task"] for r in interleaved]
+    return [chat_ids(tokenizer, r["messages"]) for r in interleaved], [r["task"] for r in interleaved]
 
 
 def draft_length_options(label: str, gamma: int, max_gamma: int) -> tuple[str, dict]:
@@ -299,11 +303,7 @@ def forward_costs(target, draft, max_tokens: int, repeats: int = 7) -> dict[str,
 
 
 def plot(results: list[Measurement], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     paths = []
     temperatures = sorted({m.temperature for m in results if m.batch_size == 1})
     for metric, ylabel, name in [
@@ -331,10 +331,7 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        paths.append(out / name)
+        paths.append(save_figure(fig, out / name))
     fig, ax = plt.subplots(figsize=(5, 4))
     for temperature in temperatures:
         ratios = ratio_rows(results, temperature)
@@ -346,10 +343,7 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
     ax.set_ylabel("block efficiency: block / token")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "block_over_token_vs_gamma.png", dpi=100)
-    plt.close(fig)
-    paths.append(out / "block_over_token_vs_gamma.png")
+    paths.append(save_figure(fig, out / "block_over_token_vs_gamma.png"))
     return paths
 
 
@@ -374,11 +368,11 @@ def markdown(results: list[Measurement], header: str) -> str:
     # By batch size, then temperature, then g (autoregressive first): a grid run in parts (--append)
     # reads like one run; within a g the methods keep the order they ran in.
     for m in sorted(results, key=lambda m: (m.batch_size, m.temperature, m.gamma)):
-        be, be_sd = _mean_spread(m.block_efficiency)
-        acc, acc_sd = _mean_spread(m.acceptance_rate)
-        tps, tps_sd = _mean_spread(m.tokens_per_s)
+        be, be_sd = mean_spread(m.block_efficiency)
+        acc, acc_sd = mean_spread(m.acceptance_rate)
+        tps, tps_sd = mean_spread(m.tokens_per_s)
         ratios = speedups(results, m)
-        speedup = f"{_mean_spread(ratios)[0]:.2f} ± {_mean_spread(ratios)[1]:.2f}" if ratios else "-"
+        speedup = "{:.2f} ± {:.2f}".format(*mean_spread(ratios)) if ratios else "-"
         gamma = "-" if m.method == "autoregressive" else str(m.gamma)
         same = f"{statistics.fmean(m.same_as_autoregressive):.0%}" if m.same_as_autoregressive else "-"
         lines.append(
@@ -394,14 +388,14 @@ def markdown(results: list[Measurement], header: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6, 8])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--num-prompts", type=int, default=36)
+    parser.add_argument("--gammas", type=int, nargs="+", default=None, help="draft tokens per row (g)")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16], help="batch-size sweep of our engine")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="batch-size sweep of our engine")
     parser.add_argument("--sweep-gamma", type=int, default=4)
     parser.add_argument("--sweep-temperature", type=float, default=1.0)
     parser.add_argument(
@@ -413,9 +407,10 @@ def main() -> None:
         "--confidence-threshold", type=float, default=0.4,
         help="the confidence policy's threshold (Hugging Face's default assistant_confidence_threshold)",
     )
-    parser.add_argument("--draft", choices=["distilled", "truncated"], default="distilled")
+    parser.add_argument("--draft", choices=["auto", "distilled", "truncated"], default="auto",
+                        help="auto: the bundled distilled draft, else (with a warning) the truncated target")
     parser.add_argument(
-        "--dtype", choices=["float32", "bfloat16"], default="float32",
+        "--dtype", choices=["auto", "float32", "bfloat16"], default=None,
         help="weights of both models (the job's model.dtype); see docs/RESULTS.md for what each costs on a CPU",
     )
     parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
@@ -424,14 +419,36 @@ def main() -> None:
         "--append", action="store_true",
         help="add to the rows of --out/results.json (same --dtype) instead of starting over: a grid run in parts",
     )
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", "--num-threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
-    args = parser.parse_args()
+    engine = parser.add_argument_group("engine table (--engine-table)")
+    engine.add_argument("--engine-table", action="store_true",
+                        help="our engine's methods on the short questions, a table per batch size (no grid)")
+    engine.add_argument("--methods", default="autoregressive,token,block", help="comma-separated engine methods")
+    engine.add_argument("--repeats", type=int, default=1, help="runs per method, interleaved; the fastest is kept")
+    engine.add_argument("--stop-at-eos", action="store_true", help="end rows at the tokenizer's EOS")
+    engine.add_argument("--num-layers", type=int, default=4, help="layers of the truncated draft")
+    engine.add_argument("--distilled-dir", default=None, help="distilled checkpoint (default: the bundled one)")
+    engine.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    for key, value in (ENGINE_DEFAULTS if args.engine_table else GRID_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.engine_table and any(len(getattr(args, key)) > 1 for key in ("gammas", "temperatures", "seeds")):
+        parser.error("--engine-table runs one g, temperature and seed (one value each)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
+    if args.engine_table:
+        print(engine_tables(args))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, draft = load_default_pair(args.draft, args.dtype)
+    target, draft = load_default_pair(args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir)
     prompts, tasks = load_prompts(target.tokenizer, args.num_prompts)
     eos_ids = tuple(i for i in [target.tokenizer.eos_token_id] if i is not None)
     logger.info("target %s, draft %s, %d prompts (%s)", target.name, draft.name, len(prompts), ", ".join(sorted(set(tasks))))
@@ -488,6 +505,56 @@ def main() -> None:
             record(tallies, args.sweep_temperature, batch_size, seed)
 
     write_results(results, costs, args, target, draft, prompts, final=True)
+
+
+ENGINE_COLUMNS = ["method", "tokens/s", "speedup", "block efficiency", "target calls", "draft calls",
+                  "acceptance per position", "draft / target / verify / other s"]
+
+
+def engine_row(method: str, stats: RunStats, baseline_tokens_per_s: float) -> list[str]:
+    """One line of the engine table (ENGINE_COLUMNS)."""
+    acceptance = " ".join(f"{rate:.2f}" for rate in stats.acceptance_per_position) or "-"
+    speedup = stats.tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s else float("nan")
+    return [method, f"{stats.tokens_per_s:.1f}", f"{speedup:.2f}x", f"{stats.block_efficiency:.2f}",
+            str(stats.num_target_calls), str(stats.num_draft_calls), acceptance,
+            f"{stats.draft_s:.1f} / {stats.target_s:.1f} / {stats.verify_s:.2f} / {stats.other_s:.2f}"]
+
+
+def engine_table(target, draft, prompts: list[list[int]], methods: list[str], batch_size: int, args) -> str:
+    """Every method over the same prompts at one batch size, best of --repeats interleaved runs."""
+    tokenizer = target.tokenizer
+    config = dict(gamma=args.gammas[0], sampling=SamplingParams(temperature=args.temperatures[0]),
+                  max_new_tokens=args.max_new_tokens, max_batch_size=batch_size, seed=args.seeds[0],
+                  eos_token_ids=(tokenizer.eos_token_id,) if args.stop_at_eos else ())
+    engines = {
+        method: SpeculativeEngine(target.model, draft.model, EngineConfig(method=method, **config), tokenizer=tokenizer)
+        for method in methods
+    }
+    for engine in engines.values():
+        engine.generate(prompts[:1])  # warm-up: first-call allocations stay out of the timing
+    best: dict[str, RunStats] = {}
+    for repeat in range(args.repeats):
+        for method, engine in engines.items():
+            results, stats = engine.generate_with_stats(prompts)
+            logger.info("%s (run %d): %d tokens in %.1f s", method, repeat, stats.num_tokens, stats.total_s)
+            if method not in best or stats.tokens_per_s > best[method].tokens_per_s:
+                best[method] = stats
+            if repeat == 0:
+                logger.info("%s sample: %r", method, tokenizer.decode(results[0].token_ids))
+    baseline = best["autoregressive"].tokens_per_s if "autoregressive" in best else 0.0
+    title = (f"target smollm2, draft {draft.name}, g={args.gammas[0]}, T={args.temperatures[0]}, "
+             f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch {batch_size}, "
+             f"device {args.device}, {args.threads} thread(s), best of {args.repeats}")
+    return title + "\n\n" + markdown_table(ENGINE_COLUMNS, [engine_row(m, best[m], baseline) for m in methods])
+
+
+def engine_tables(args) -> str:
+    """--engine-table: the engine table at each of --batch-sizes."""
+    target, draft = load_default_pair(args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir,
+                                      device=args.device)
+    prompts = question_prompts(target.tokenizer, args.num_prompts)
+    methods = args.methods.split(",")
+    return "\n\n".join(engine_table(target, draft, prompts, methods, batch_size, args) for batch_size in args.batch_sizes)
 
 
 def load_results(path: Path, dtype: str) -> list[Measurement]:

@@ -40,7 +40,7 @@ from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.models import ModelSpec
 from distributed_spec.models.loading import load_pair
 from distributed_spec.verify import SamplingParams
-from scripts.bench_engine import QUESTIONS
+from scripts.common import QUESTIONS, chat_ids, draft_spec
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +56,6 @@ class Row:
     kb_per_iteration: float
     overlap_hits: str
     same_as_engine: str
-
-
-def draft_spec(args: argparse.Namespace) -> ModelSpec:
-    from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
-
-    if args.draft == "distilled" or (args.draft == "auto" and DISTILLED_SMOLLM2_DRAFT_DIR.is_dir()):
-        return ModelSpec(source=str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled")
-    return ModelSpec(kind="truncated", num_layers=args.num_layers)
 
 
 def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size: int) -> tuple[Row, list]:
@@ -175,14 +167,9 @@ def main() -> None:
     args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
 
-    target_spec, spec = ModelSpec("smollm2"), draft_spec(args)
+    target_spec, spec = ModelSpec("smollm2"), draft_spec(args.draft, args.num_layers)
     target, draft = load_pair(target_spec, spec)
-    tokenizer = target.tokenizer
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
-        for question in QUESTIONS
-    ]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    prompts = [chat_ids(target.tokenizer, [{"role": "user", "content": question}]) for question in QUESTIONS]
     while len(prompts) < max(args.batch_sizes):
         prompts += prompts
     config = EngineConfig(

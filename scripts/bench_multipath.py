@@ -25,14 +25,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distributed_spec.config import JobConfig, VerifierConfig
-from scripts.bench_throughput import PROMPTS_PATH, base_job, measure, save_results
+from scripts.common import (
+    base_job,
+    markdown_table,
+    mean,
+    measure,
+    plot_lines,
+    pyplot,
+    read_bench_prompts,
+    save_figure,
+    save_results,
+)
 
 logger = logging.getLogger("bench_multipath")
 
@@ -88,7 +97,7 @@ class Measurement:
 
 def write_task_records(path: Path, task: str, num_records: int) -> int:
     """The first num_records prompts of one task type as a job input file; returns how many."""
-    prompts = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+    prompts = read_bench_prompts()
     chosen = [prompt for prompt in prompts if prompt["task"] == task][:num_records]
     with open(path, "w", encoding="utf-8") as file:
         for prompt in chosen:
@@ -173,10 +182,6 @@ def measure_one(
     return measurement
 
 
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
-
-
 def _pooled(runs: list[Measurement]) -> tuple[int, int, float]:
     return (
         sum(m.num_tokens for m in runs),
@@ -213,11 +218,11 @@ def table(measurements: list[Measurement]) -> list[dict]:
                         "gamma": runs[0].gamma,
                         "proposer": runs[0].proposer,
                         "block_efficiency": tokens / iterations if iterations else float("nan"),
-                        "target_calls": _mean(
+                        "target_calls": mean(
                             [sum(m.num_target_calls for m in runs if m.seed == s) for s in seeds]
                         ),
                         "tokens_per_s": tokens / wall if wall else float("nan"),
-                        "speedup": _mean(
+                        "speedup": mean(
                             [
                                 t / w / baseline[s]
                                 for s, (t, _, w) in per_seed.items()
@@ -243,58 +248,43 @@ def table(measurements: list[Measurement]) -> list[dict]:
 
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    lines = [
-        f"Command: `python -m scripts.bench_multipath {' '.join(args.argv)}`".rstrip(),
-        "",
-        "Best policy per (T, B, task type): speedup over autoregressive, and the best block-efficiency",
-        "gain of K > 1 over K = 1 at the same g.",
-        "",
-        "| T | B | tasks | best policy | x AR | its BE | best BE / K=1 (at) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    keys = sorted({(r["temperature"], r["batch_size"]) for r in rows})
-    for temperature, batch_size in keys:
+    best_rows = []
+    for temperature, batch_size in sorted({(r["temperature"], r["batch_size"]) for r in rows}):
         for task in (*TASKS, ALL_TASKS):
-            cell = [
-                r
-                for r in rows
-                if (r["temperature"], r["batch_size"], r["task"]) == (temperature, batch_size, task)
-            ]
+            cell = [r for r in rows if (r["temperature"], r["batch_size"], r["task"]) == (temperature, batch_size, task)]
             if not cell:
                 continue
             best = max(cell, key=lambda r: r["speedup"] if r["speedup"] == r["speedup"] else -1.0)
             multi = [r for r in cell if r["num_paths"] > 1]
             gain = max(multi, key=lambda r: r["be_over_k1"]) if multi else None
             gain_text = f"{gain['be_over_k1']:.3f} ({gain['policy']})" if gain else "-"
-            lines.append(
-                f"| {temperature:g} | {batch_size} | {task} | {best['policy']} | {best['speedup']:.2f} "
-                f"| {best['block_efficiency']:.2f} | {gain_text} |"
-            )
-    lines += [
+            best_rows.append([f"{temperature:g}", batch_size, task, best["policy"], f"{best['speedup']:.2f}",
+                              f"{best['block_efficiency']:.2f}", gain_text])
+    all_rows = [
+        [f"{row['temperature']:g}", row["batch_size"], row["task"], row["policy"], f"{row['block_efficiency']:.3f}",
+         f"{row['be_over_k1']:.3f}", f"{row['target_calls']:.1f}", f"{row['tokens_per_s']:.2f}", f"{row['speedup']:.3f}"]
+        for row in rows
+    ]
+    lines = [
+        f"Command: `python -m scripts.bench_multipath {' '.join(args.argv)}`".rstrip(),
+        "",
+        "Best policy per (T, B, task type): speedup over autoregressive, and the best block-efficiency",
+        "gain of K > 1 over K = 1 at the same g.",
+        "",
+        markdown_table(["T", "B", "tasks", "best policy", "x AR", "its BE", "best BE / K=1 (at)"], best_rows),
         "",
         "All rows (block efficiency pooled over seeds; target calls per seed; speedup: mean over seeds):",
         "",
-        "| T | B | tasks | policy | block eff. | BE / K=1 | target calls | tokens/s | x AR |",
-        "|---|---|---|---|---|---|---|---|---|",
+        markdown_table(["T", "B", "tasks", "policy", "block eff.", "BE / K=1", "target calls", "tokens/s", "x AR"],
+                       all_rows),
     ]
-    for row in rows:
-        lines.append(
-            f"| {row['temperature']:g} | {row['batch_size']} | {row['task']} | {row['policy']} "
-            f"| {row['block_efficiency']:.3f} | {row['be_over_k1']:.3f} | {row['target_calls']:.1f} "
-            f"| {row['tokens_per_s']:.2f} | {row['speedup']:.3f} |"
-        )
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], out: Path) -> Path:
     """Block efficiency and speedup against K, one line per g (all prompts), one column per (T, B)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = sorted({(r["temperature"], r["batch_size"]) for r in rows})
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 7), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(panels), figsize=(4.5 * len(panels), 7), squeeze=False)
     for column, (temperature, batch_size) in enumerate(panels):
         cell = [
             r
@@ -304,24 +294,13 @@ def plot(rows: list[dict], out: Path) -> Path:
             and r["proposer"] == "model"
         ]
         for metric, ax in zip(("block_efficiency", "speedup"), axes[:, column]):
-            for gamma in sorted({r["gamma"] for r in cell}):
-                points = sorted((r["num_paths"], r[metric]) for r in cell if r["gamma"] == gamma)
-                ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=f"g={gamma}")
             if metric == "speedup":
                 ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="autoregressive")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"T={temperature:g}, B={batch_size}")
-            ax.set_xlabel("draft paths K")
-            ax.set_ylabel(
-                "block efficiency" if metric == "block_efficiency" else "speedup over autoregressive"
-            )
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "multipath.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+            series = {f"g={gamma}": [(r["num_paths"], r[metric]) for r in cell if r["gamma"] == gamma]
+                      for gamma in sorted({r["gamma"] for r in cell})}
+            ylabel = "block efficiency" if metric == "block_efficiency" else "speedup over autoregressive"
+            plot_lines(ax, series, f"T={temperature:g}, B={batch_size}", "draft paths K", ylabel, log2_x=True)
+    return save_figure(fig, out / "multipath.png")
 
 
 def write_results(measurements: list[Measurement], args: argparse.Namespace) -> None:

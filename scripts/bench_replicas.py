@@ -31,14 +31,14 @@ from distributed_spec.config import (
     TrackingConfig,
     VerifierConfig,
 )
+from scripts.common import read_bench_prompts
 
-PROMPTS_PATH = Path(__file__).resolve().parents[1] / "distributed_spec" / "assets" / "bench_prompts.jsonl"
 # name -> (num_replicas, torch threads per actor)
 CONFIGS = {"2 replicas x 1 thread": (2, 1), "1 replica x 2 threads": (1, 2)}
 
 
 def write_records(path: Path, num_records: int) -> None:
-    prompts = [json.loads(line) for line in PROMPTS_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = read_bench_prompts()
     with open(path, "w", encoding="utf-8") as file:
         for index in range(num_records):
             record = dict(prompts[index % len(prompts)])

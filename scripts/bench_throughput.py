@@ -27,19 +27,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from distributed_spec.config import JobConfig, SchedulingConfig, VerifierConfig
-from distributed_spec.hydra_config import CONF_DIR
-from distributed_spec.jobs.runner import run
+from distributed_spec.config import SchedulingConfig, VerifierConfig
+from scripts.common import (
+    base_job,
+    markdown_table,
+    mean,
+    measure,
+    plot_lines,
+    pyplot,
+    read_bench_prompts,
+    save_figure,
+    save_results,
+)
 
 logger = logging.getLogger("bench_throughput")
 
-PROMPTS_PATH = Path(__file__).resolve().parents[1] / "distributed_spec" / "assets" / "bench_prompts.jsonl"
 SHORT_LENGTHS = (4, 6, 8, 12)
 LONG_LENGTHS = (32, 48)
 
@@ -86,7 +93,7 @@ class Measurement:
 
 def write_records(path: Path, num_records: int) -> None:
     """The length-skewed input: prompts cycled, three short budgets for each long one."""
-    prompts = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+    prompts = read_bench_prompts()
     with open(path, "w", encoding="utf-8") as file:
         for index in range(num_records):
             source = prompts[index % len(prompts)]
@@ -96,53 +103,6 @@ def write_records(path: Path, num_records: int) -> None:
                 max_new_tokens = SHORT_LENGTHS[index % len(SHORT_LENGTHS)]
             record = {"id": f"{source['id']}-{index}", "messages": source["messages"], "max_new_tokens": max_new_tokens}
             file.write(json.dumps(record) + "\n")
-
-
-def base_job(args: argparse.Namespace, runtime: str, input_path: Path) -> JobConfig:
-    """The job as `python -m distributed_spec.generate` composes it from conf/ (the default pair)."""
-    from hydra import compose, initialize_config_dir
-
-    overrides = [
-        f"data.input_path={input_path}",
-        "data.resume=false",
-        "tracking=disabled",
-        "tracking.progress=false",
-        "log_level=WARNING",
-        "parallel.device=cpu",
-    ]
-    if args.tiny:
-        target_dir, draft_dir = args.tiny_dirs
-        overrides += [
-            "model.name=tiny",
-            f"model.target.source={target_dir}",
-            "model.target.kind=dir",
-            f"model.draft.source={draft_dir}",
-            "model.draft.kind=dir",
-        ]
-    else:
-        overrides.append(f"model.dtype={args.dtype}")
-    if runtime != "local":
-        overrides += ["parallel=ray", f"parallel.tp_size={runtime[-1]}"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return JobConfig.from_dictconfig(compose(config_name="generate", overrides=overrides))
-
-
-class _KeepOpen:
-    """The loaded generator, lent to one job at a time (the job closes what it is given)."""
-
-    def __init__(self, generator) -> None:
-        self._generator = generator
-
-    def __getattr__(self, name):
-        return getattr(self._generator, name)
-
-    def close(self) -> None:
-        pass
-
-
-def measure(generator, job: JobConfig, out_dir: Path) -> dict:
-    generator.reconfigure(job)
-    return run(job, output_dir=out_dir, generator=_KeepOpen(generator))
 
 
 def policies(args: argparse.Namespace) -> list[Policy]:
@@ -228,10 +188,6 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
     return measurements
 
 
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
-
-
 def table(measurements: list[Measurement]) -> list[dict]:
     """One row per (runtime, T, B, policy, batching): mean tokens/s and the ratio to autoregressive
     (continuous) of the same seeds."""
@@ -257,10 +213,10 @@ def table(measurements: list[Measurement]) -> list[dict]:
                     "batch_size": batch_size,
                     "policy": policy,
                     "batching": batching,
-                    "tokens_per_s": _mean([m.tokens_per_s for m in runs]),
-                    "ratio": _mean(ratios),
+                    "tokens_per_s": mean([m.tokens_per_s for m in runs]),
+                    "ratio": mean(ratios),
                     "ratio_min": min(ratios) if ratios else float("nan"),
-                    "block_efficiency": _mean([m.block_efficiency for m in runs]),
+                    "block_efficiency": mean([m.block_efficiency for m in runs]),
                     "seeds": len(runs),
                     "steps_per_draft_len": steps,
                     "ngram_row_share": sum(ngram for ngram, _ in proposer_rows) / total_rows if total_rows else 0.0,
@@ -270,20 +226,15 @@ def table(measurements: list[Measurement]) -> list[dict]:
 
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    lines = [
-        f"Command: `python -m scripts.bench_throughput {' '.join(args.argv)}`".rstrip(),
-        "",
-        "| runtime | T | B | policy | batching | tokens/s | x autoregressive (min over seeds) | block eff. | steps per g (g=0..) | n-gram rows |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['runtime']} | {row['temperature']:g} | {row['batch_size']} | {row['policy']} | {row['batching']} "
-            f"| {row['tokens_per_s']:.1f} | {row['ratio']:.2f} ({row['ratio_min']:.2f}) | {row['block_efficiency']:.2f} "
-            f"| {' '.join(map(str, row['steps_per_draft_len']))} | {row['ngram_row_share']:.0%} |"
-        )
-    lines += ["", "Goodput against the best of autoregressive and the fixed-g policies (continuous batching):", ""]
-    lines += ["| runtime | T | B | best other | its x AR | goodput x AR | goodput / best |", "|---|---|---|---|---|---|---|"]
+    lines = [f"Command: `python -m scripts.bench_throughput {' '.join(args.argv)}`".rstrip(), ""]
+    lines.append(markdown_table(
+        ["runtime", "T", "B", "policy", "batching", "tokens/s", "x autoregressive (min over seeds)", "block eff.",
+         "steps per g (g=0..)", "n-gram rows"],
+        [[row["runtime"], f"{row['temperature']:g}", row["batch_size"], row["policy"], row["batching"],
+          f"{row['tokens_per_s']:.1f}", f"{row['ratio']:.2f} ({row['ratio_min']:.2f})", f"{row['block_efficiency']:.2f}",
+          " ".join(map(str, row["steps_per_draft_len"])), f"{row['ngram_row_share']:.0%}"] for row in rows],
+    ))
+    goodput_rows = []
     for runtime, temperature, batch_size in sorted({(r["runtime"], r["temperature"], r["batch_size"]) for r in rows}):
         cell = [r for r in rows if (r["runtime"], r["temperature"], r["batch_size"]) == (runtime, temperature, batch_size)]
         cell = [r for r in cell if r["batching"] == "continuous"]
@@ -292,68 +243,47 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         if goodput is None or not others:
             continue
         best = max(others, key=lambda r: r["ratio"])
-        lines.append(
-            f"| {runtime} | {temperature:g} | {batch_size} | {best['policy']} | {best['ratio']:.2f} "
-            f"| {goodput['ratio']:.2f} | {goodput['ratio'] / best['ratio']:.3f} |"
-        )
+        goodput_rows.append([runtime, f"{temperature:g}", batch_size, best["policy"], f"{best['ratio']:.2f}",
+                             f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}"])
+    lines += ["", "Goodput against the best of autoregressive and the fixed-g policies (continuous batching):", ""]
+    lines.append(markdown_table(
+        ["runtime", "T", "B", "best other", "its x AR", "goodput x AR", "goodput / best"], goodput_rows
+    ))
     static_rows = [r for r in rows if r["batching"] == "static"]
     if static_rows:
-        lines += ["", "Continuous over static batches (same policy, T and B):", ""]
-        lines += ["| runtime | T | B | policy | static tokens/s | continuous tokens/s | continuous / static |", "|---|---|---|---|---|---|---|"]
+        pairs = []
         for static in static_rows:
             continuous = next(
                 r for r in rows
                 if r["batching"] == "continuous"
                 and all(r[k] == static[k] for k in ("runtime", "temperature", "batch_size", "policy"))
             )
-            lines.append(
-                f"| {static['runtime']} | {static['temperature']:g} | {static['batch_size']} | {static['policy']} "
-                f"| {static['tokens_per_s']:.1f} | {continuous['tokens_per_s']:.1f} "
-                f"| {continuous['tokens_per_s'] / static['tokens_per_s']:.2f} |"
-            )
+            pairs.append([static["runtime"], f"{static['temperature']:g}", static["batch_size"], static["policy"],
+                          f"{static['tokens_per_s']:.1f}", f"{continuous['tokens_per_s']:.1f}",
+                          f"{continuous['tokens_per_s'] / static['tokens_per_s']:.2f}"])
+        lines += ["", "Continuous over static batches (same policy, T and B):", ""]
+        lines.append(markdown_table(
+            ["runtime", "T", "B", "policy", "static tokens/s", "continuous tokens/s", "continuous / static"], pairs
+        ))
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """tokens/s against the batch size, one line per policy (continuous batching), a panel per (runtime, T)."""
     panels = sorted({(r["runtime"], r["temperature"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (runtime, temperature) in zip(axes[0], panels):
         cell = [r for r in rows if (r["runtime"], r["temperature"]) == (runtime, temperature) and r["batching"] == "continuous"]
-        for policy in dict.fromkeys(r["policy"] for r in cell):
-            points = sorted((r["batch_size"], r["tokens_per_s"]) for r in cell if r["policy"] == policy)
-            style = {"linewidth": 2.5, "color": "black"} if policy == "goodput" else {}
-            ax.plot([b for b, _ in points], [t for _, t in points], marker="o", label=policy, **style)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{runtime}, T={temperature:g}")
-        ax.set_xlabel("batch size (rows decoded at once)")
-        ax.set_ylabel("tokens/s (whole job)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "tokens_per_s_vs_batch.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        series = {policy: [(r["batch_size"], r["tokens_per_s"]) for r in cell if r["policy"] == policy]
+                  for policy in dict.fromkeys(r["policy"] for r in cell)}
+        plot_lines(ax, series, f"{runtime}, T={temperature:g}", "batch size (rows decoded at once)",
+                   "tokens/s (whole job)", log2_x=True, styles={"goodput": {"linewidth": 2.5, "color": "black"}})
+    return save_figure(fig, out / "tokens_per_s_vs_batch.png")
 
 
 def write_results(measurements: list[Measurement], args: argparse.Namespace) -> None:
     rows = table(measurements)
     save_results(Path(args.out), measurements, rows, markdown(rows, args), plot)
-
-
-def save_results(out: Path, measurements: list, rows: list[dict], text: str, plot_rows) -> None:
-    """results.json (measurements and rows), results.md (text) and plot_rows(rows, out) into out."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps({"measurements": [m.__dict__ for m in measurements], "rows": rows}, indent=1) + "\n"
-    )
-    (out / "results.md").write_text(text)
-    plot_rows(rows, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,7 @@
 # The one GPU script. On a machine with one CUDA GPU, in under 12 minutes:
 #   1. the fused kernel's correctness tests on CUDA (tests/verify/test_triton_block.py, TRITON_INTERPRET unset);
 #   2. the timing table of fused vs torch verification (B in {1, 64, 256}, g in {4, 8}, V = 128256,
-#      bf16 logits; scripts/bench_verify_fused.py);
+#      bf16 logits; scripts/bench_verify.py --impl triton);
 #   3. the runtimes (scripts/gpu_check_runtime.py): NCCL backend selection and the placement plan,
 #      local engine vs Ray TP = 1 with the draft co-located on the one GPU (tiny models built there,
 #      then the default SmolLM2 pair if its files are present), per-GPU memory.
@@ -54,7 +54,7 @@ HAS_CUDA=0
 
 if [[ "$HAS_CUDA" -eq 0 || "$DRY_RUN" -eq 1 ]]; then
     echo "== no CUDA or --dry-run: CPU smoke run of the timing script (tiny size, interpreter)"
-    timeout 300 "$PYTHON_BIN" -W ignore::RuntimeWarning -m scripts.bench_verify_fused --out "$OUT_DIR/bench_verify_fused_smoke.md"
+    timeout 300 "$PYTHON_BIN" -W ignore::RuntimeWarning -m scripts.bench_verify --impl triton --out "$OUT_DIR/bench_verify_fused_smoke.md"
     status=$?
     timeout 120 "$PYTHON_BIN" -m scripts.gpu_check_runtime --out "$OUT_DIR/runtime.md" || status=1
     if [[ "$DRY_RUN" -eq 1 ]]; then exit "$status"; fi
@@ -68,7 +68,7 @@ timeout 210 "$PYTHON_BIN" -m pytest tests/verify/test_triton_block.py -q -p no:c
 [[ "${PIPESTATUS[0]}" -eq 0 ]] || status=1
 
 echo "== 2/3 fused vs torch timing"
-timeout 210 "$PYTHON_BIN" -m scripts.bench_verify_fused --iters "$ITERS" --out "$OUT_DIR/bench_verify_fused.md" \
+timeout 210 "$PYTHON_BIN" -m scripts.bench_verify --impl triton --iters "$ITERS" --out "$OUT_DIR/bench_verify_fused.md" \
     2>&1 | tee "$OUT_DIR/bench_verify_fused.log"
 [[ "${PIPESTATUS[0]}" -eq 0 ]] || status=1
 

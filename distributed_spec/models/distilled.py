@@ -2,7 +2,7 @@
 
 A distilled draft shares the target's tokenizer, token embeddings and LM head (frozen, never stored:
 they are taken from the target at load time) and owns only `num_hidden_layers` small decoder layers
-and a final norm, trained by `scripts/distill_draft.py` to match the target's next-token
+and a final norm, trained by `python -m distributed_spec.distill` to match the target's next-token
 distribution p with its own q (forward KL).
 
 Sub-vocabulary head: optionally the draft scores only the K tokens the target uses most
@@ -234,7 +234,7 @@ def load_distilled_draft(checkpoint_dir: str | Path, target_model: nn.Module) ->
     config_path = checkpoint_dir / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(
-            f"{config_path} is missing: point the draft checkpoint path at a folder made by scripts/distill_draft.py"
+            f"{config_path} is missing: point the draft checkpoint path at a folder made by python -m distributed_spec.distill"
         )
     meta = json.loads(config_path.read_text())
     if meta.get("format") != DRAFT_FORMAT:
@@ -256,7 +256,7 @@ def load_distilled_draft(checkpoint_dir: str | Path, target_model: nn.Module) ->
     if set(own) != set(tensors):
         raise ValueError(
             f"{checkpoint_dir / WEIGHTS_NAME} holds {sorted(set(tensors) ^ set(own))[:4]}... that do not match "
-            "the draft architecture in draft_config.json; re-export the checkpoint with scripts/distill_draft.py"
+            "the draft architecture in draft_config.json; re-export the checkpoint with python -m distributed_spec.distill"
         )
     with torch.no_grad():
         for name, tensor in own.items():

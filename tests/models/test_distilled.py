@@ -1,11 +1,10 @@
-"""Distilled drafts: the distillation script end to end on a tiny random target, the loader, the bundled draft.
+"""Distilled drafts: the distillation CLI (distributed_spec.distill) end to end on a tiny random target, the loader, the bundled draft.
 
     .venv/bin/python -m pytest tests/models/test_distilled.py -q
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -18,6 +17,7 @@ from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from distributed_spec.distill import cli, data, losses, teacher
 from distributed_spec.engine import ModelRunner
 from distributed_spec.models.distilled import (
     DISTILLED_SMOLLM2_DRAFT_DIR,
@@ -31,13 +31,6 @@ from distributed_spec.models.distilled import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 64
 CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,?!'"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("distill_draft", REPO_ROOT / "scripts" / "distill_draft.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _tiny_target() -> LlamaForCausalLM:
@@ -79,7 +72,6 @@ def _assert_incremental_matches_full(draft, input_ids: torch.Tensor, num_increme
 
 
 def test_script_trains_resumes_exports_and_evaluates(tmp_path):
-    script = _load_script()
     target_dir = _save_tiny_target(tmp_path / "target")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# tiny\n" + "".join(f"raw\tprompt number {i} says hello\n" for i in range(8)))
@@ -90,7 +82,7 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
         "--num-layers", "2", "--intermediate-size", "16", "--sub-vocab-size", "40", "--init-layers", "first,last",
         "--batch-size", "4", "--save-every", "2", "--bench-tokens", "2", "--lr", "3e-3", "--warmup-steps", "1",
     ]
-    script.main([*common, "--steps", "4", "--stages", "generate,train"])
+    cli.main([*common, "--steps", "4", "--stages", "generate,train"])
     shards = sorted((tmp_path / "work" / "data").glob("shard_*.pt"))
     assert len(shards) == 4  # 7 train prompts x 2 + 1 eval prompt x 2 = 16 jobs in batches of 5
     records = [r for shard in shards for r in torch.load(shard, weights_only=True)]
@@ -101,7 +93,7 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
     state = torch.load(tmp_path / "work" / "train_state.pt", weights_only=True)
     assert state["step"] == 4 and state["sub_vocab_ids"].numel() == 40
 
-    metrics = script.main([*common, "--steps", "6", "--resume", "--stages", "train,export,eval"])
+    metrics = cli.main([*common, "--steps", "6", "--resume", "--stages", "train,export,eval"])
     resumed = torch.load(tmp_path / "work" / "train_state.pt", weights_only=True)
     assert resumed["step"] == 6
     assert any(not torch.equal(resumed["draft"][k], state["draft"][k]) for k in state["draft"])
@@ -115,25 +107,25 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
     exported = load_file(str(tmp_path / "draft" / "model.safetensors"))
     warm = [*common, "--work-dir", str(tmp_path / "warm"), "--init-from", str(tmp_path / "draft")]
     shutil.copytree(tmp_path / "work" / "data", tmp_path / "warm" / "data")
-    script.main([*warm, "--steps", "1", "--lr", "0", "--stages", "train"])
+    cli.main([*warm, "--steps", "1", "--lr", "0", "--stages", "train"])
     started = torch.load(tmp_path / "warm" / "train_state.pt", weights_only=True)
     assert torch.equal(started["sub_vocab_ids"].int(), exported["sub_vocab_ids"])
     for name, tensor in started["draft"].items():
         assert torch.equal(tensor.to(torch.bfloat16), exported[name]), name
 
     # An int8 export of the same training state warm-starts from its dequantized weights.
-    script.main([*common, "--stages", "export", "--out-dir", str(tmp_path / "draft8"), "--weight-format", "int8"])
+    cli.main([*common, "--stages", "export", "--out-dir", str(tmp_path / "draft8"), "--weight-format", "int8"])
     dequantized, _ = read_draft_weights(tmp_path / "draft8")
     assert load_file(str(tmp_path / "draft8" / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"].dtype == torch.int8
     shutil.copytree(tmp_path / "work" / "data", tmp_path / "warm8" / "data")
-    script.main([*warm, "--work-dir", str(tmp_path / "warm8"), "--init-from", str(tmp_path / "draft8"),
+    cli.main([*warm, "--work-dir", str(tmp_path / "warm8"), "--init-from", str(tmp_path / "draft8"),
                  "--steps", "1", "--lr", "0", "--stages", "train"])
     started8 = torch.load(tmp_path / "warm8" / "train_state.pt", weights_only=True)
     for name, tensor in started8["draft"].items():
         assert torch.equal(tensor, dequantized[name]), name
 
     # On-policy data: the exported draft writes continuations of the training prompts, the target scores them.
-    script.main([*common, "--stages", "draft-samples", "--sampler-from", str(tmp_path / "draft"), "--seed", "3"])
+    cli.main([*common, "--stages", "draft-samples", "--sampler-from", str(tmp_path / "draft"), "--seed", "3"])
     draft_shards = sorted((tmp_path / "work" / "data").glob("draft_shard_*.pt"))
     assert len(draft_shards) == 3  # 7 training prompts x 2 samples in batches of 5; the held-out prompt is skipped
     draft_records = [r for shard in draft_shards for r in torch.load(shard, weights_only=True)]
@@ -153,7 +145,7 @@ def test_script_trains_resumes_exports_and_evaluates(tmp_path):
         torch.testing.assert_close(r["topk_probs"].float(), top_probs, atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(r["rest"], 1 - top_probs.sum(-1), atol=1e-5, rtol=1e-5)
     with pytest.raises(SystemExit):  # draft-samples without a draft to sample from
-        script.parse_args([*common, "--stages", "draft-samples"])
+        cli.parse_args([*common, "--stages", "draft-samples"])
 
     draft = load_distilled_draft(tmp_path / "draft", target)
     assert len(draft.model.layers) == 2
@@ -258,7 +250,6 @@ def _bucket_oracle(p: torch.Tensor, q: torch.Tensor, top_ids: list[int], scorabl
 def test_bucket_losses_match_enumeration(top_k, num_sub):
     """bucket_acceptance and bucket_kl_loss against the buckets summed token by token (vocab 12); with
     all tokens in the top-k and the sub-vocabulary, bucket acceptance is the exact sum_x min(p, q)."""
-    script = _load_script()
     vocab, generator = 12, torch.Generator().manual_seed(3)
     sub_vocab_ids = torch.randperm(vocab, generator=generator)[:num_sub].sort().values
     vocab_to_sub = torch.full((vocab,), num_sub, dtype=torch.long)
@@ -270,8 +261,8 @@ def test_bucket_losses_match_enumeration(top_k, num_sub):
     top_probs, top_ids = p.topk(top_k, -1)
     rest = 1.0 - top_probs.sum(-1)
     targets = (vocab_to_sub[top_ids], top_probs, rest)
-    overlap = script.bucket_acceptance(sub_logits, *targets)
-    cross_entropy, kl = script.bucket_kl_loss(sub_logits, *targets)
+    overlap = losses.bucket_acceptance(sub_logits, *targets)
+    cross_entropy, kl = losses.bucket_kl_loss(sub_logits, *targets)
     oracle = [_bucket_oracle(p[n], q[n], top_ids[n].tolist(), set(sub_vocab_ids.tolist())) for n in range(6)]
     torch.testing.assert_close(overlap, torch.tensor([o for o, _ in oracle], dtype=overlap.dtype), atol=1e-5, rtol=0)
     assert kl.item() == pytest.approx(sum(k for _, k in oracle) / 6, abs=1e-4)
@@ -284,65 +275,61 @@ def test_bucket_losses_match_enumeration(top_k, num_sub):
 def test_prompt_files_keep_one_prompt_per_line_whatever_the_text_holds(tmp_path):
     """Generated text holds U+2028, tabs and CR: the questions file must still read back one prompt per line
     (str.splitlines once split a target-written question at a U+2028 and broke the next stage)."""
-    script = _load_script()
     texts = ["plain", "two\nlines", "tab\there", "line\u2028separator", "page\x0cbreak", "cr\rlf\r\nend", "a\x85b"]
     path = tmp_path / "prompts.txt"
-    script.write_prompts(path, [("chat", t) for t in texts], "written by a test")
-    assert script.read_prompts(path) == [("chat", t.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))
+    data.write_prompts(path, [("chat", t) for t in texts], "written by a test")
+    assert data.read_prompts(path) == [("chat", t.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))
                                          for t in texts]
     path.write_bytes(b"# a file saved with CRLF line ends\r\nraw\tone\r\nchat\ttwo\r\n")
-    assert script.read_prompts(path) == [("raw", "one"), ("chat", "two")]
+    assert data.read_prompts(path) == [("raw", "one"), ("chat", "two")]
     path.write_text("chat\tfine\nno tab here\n")
     with pytest.raises(ValueError, match=r"prompts.txt:2: expected"):
-        script.read_prompts(path)
+        data.read_prompts(path)
 
 
 def test_questions_stage_writes_a_prompt_file_that_the_next_stage_reads(tmp_path):
     """--stages questions: the target completes user turns from the fixed openings; the file it writes is
     read back by --prompts with one chat prompt per finished turn, each starting with its opening."""
-    script = _load_script()
     target_dir = _save_tiny_target(tmp_path / "target")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
     tokenizer.chat_template = "{% for m in messages %}user: {{ m['content'] }}[EOS]{% endfor %}"
     tokenizer.save_pretrained(target_dir)
-    script.main(["--target", str(target_dir), "--work-dir", str(tmp_path / "work"), "--stages", "questions",
+    cli.main(["--target", str(target_dir), "--work-dir", str(tmp_path / "work"), "--stages", "questions",
                  "--num-questions", "40", "--question-tokens", "40", "--gen-batch-size", "16", "--seed", "2"])
-    prompts = script.read_prompts(tmp_path / "work" / "questions_seed2.txt")
+    prompts = data.read_prompts(tmp_path / "work" / "questions_seed2.txt")
     assert 0 < len(prompts) <= 40 and all(kind == "chat" for kind, _ in prompts)
-    assert all(text.startswith(script.QUESTION_OPENINGS) and len(text) > 8 for _, text in prompts)
+    assert all(text.startswith(teacher.QUESTION_OPENINGS) and len(text) > 8 for _, text in prompts)
 
 
 def test_draft_samples_come_from_the_whole_distribution():
     """The draft-samples stage samples at temperature 1 with no top-k, even where the model's own
     generation config asks for one: a uniform model must give far more than top_k distinct tokens."""
-    script = _load_script()
     model = _tiny_target()
     # Near-uniform p over the 64 tokens, with no ties (a top-k of tied logits would keep them all).
     model.lm_head.weight = torch.nn.Parameter(1e-4 * torch.randn(VOCAB_SIZE, 32, generator=torch.Generator().manual_seed(0)))
     model.generation_config.top_k = 5
-    continuations = script.sample_continuations(model, [[1, 5, 6]] * 256, 1, eos_token_id=2, pad_token_id=0, seed=0)
+    continuations = teacher.sample_continuations(model, [[1, 5, 6]] * 256, 1, eos_token_id=2, pad_token_id=0, seed=0)
     assert all(len(c) == 1 for c in continuations)
     assert len({c[0] for c in continuations}) > 40  # 256 uniform draws over 64 tokens: ~63 distinct
 
 
 def test_tv_loss_step_raises_acceptance():
     """One gradient step on 1 - bucket_acceptance moves q toward p (the loss of --tv-weight 1)."""
-    script = _load_script()
     generator = torch.Generator().manual_seed(4)
     p = torch.softmax(torch.randn(8, 10, generator=generator), -1)
     top_probs, top_ids = p.topk(10, -1)
     targets = (top_ids, top_probs, torch.zeros(8))
     sub_logits = torch.randn(8, 10, generator=generator, requires_grad=True)
-    before = script.bucket_acceptance(sub_logits, *targets)
+    before = losses.bucket_acceptance(sub_logits, *targets)
     (1.0 - before).sum().backward()
     with torch.no_grad():
-        after = script.bucket_acceptance(sub_logits - 1.0 * sub_logits.grad, *targets)
+        after = losses.bucket_acceptance(sub_logits - 1.0 * sub_logits.grad, *targets)
     assert torch.all(after > before.detach())
 
 
 def test_grown_draft_computes_what_the_original_computes(tmp_path):
-    """scripts/grow_draft.py inserts identity layers: same logits as the original, more layers to train."""
-    from scripts.grow_draft import grow_draft
+    """research/grow_draft.py inserts identity layers: same logits as the original, more layers to train."""
+    from research.grow_draft import grow_draft
 
     target = _tiny_target()
     draft = build_draft(target, draft_llama_config(target.config, 2, 16), torch.arange(0, 48, 2))

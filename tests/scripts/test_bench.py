@@ -154,3 +154,22 @@ def test_table_rows_follow_batch_then_temperature_then_gamma():
         ["| 1.0", "4", "1", "token"],
         ["| 1.0", "4", "4", "block"],
     ]
+
+
+def test_each_mode_fills_its_own_defaults():
+    """bench.py --engine-table (formerly scripts/bench_engine.py) keeps that script's defaults."""
+    engine = bench.parse_args(["--engine-table"])
+    assert (engine.gammas, engine.batch_sizes, engine.num_prompts, engine.threads) == ([4], [8], 8, 1)
+    grid = bench.parse_args(["--gammas", "2"])
+    assert grid.gammas == [2] and grid.temperatures == [0.0, 0.6, 1.0] and grid.dtype == "float32"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--engine-table", "--gammas", "2", "4"])
+
+
+def test_engine_table_on_tiny_models(pair):
+    tokenizer = SimpleNamespace(eos_token_id=2, decode=lambda ids: " ".join(map(str, ids)))
+    target = SimpleNamespace(model=pair[0].model, tokenizer=tokenizer)
+    draft = SimpleNamespace(model=pair[1].model, name="tiny")
+    args = bench.parse_args(["--engine-table", "--max-new-tokens", "4", "--methods", "autoregressive,block"])
+    table = bench.engine_table(target, draft, PROMPTS, ["autoregressive", "block"], 2, args)
+    assert "| autoregressive |" in table and "| 1.00x | 1.00 |" in table and "| block |" in table

@@ -3,7 +3,7 @@
 import torch
 
 from distributed_spec.models.tiny import tiny_llama
-from scripts.probe_feature_draft import FeatureDraft, make_feature_batch
+from research.probe_feature_draft import FeatureDraft, make_feature_batch
 
 
 def _draft(seed: int = 0) -> FeatureDraft:

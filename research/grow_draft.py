@@ -1,7 +1,7 @@
 """Grow an exported distilled draft by identity layers: a deeper draft that starts out computing exactly
-what the original computes, to warm-start `scripts/distill_draft.py --init-from` with more capacity.
+what the original computes, to warm-start `python -m distributed_spec.distill --init-from` with more capacity.
 
-    python -m scripts.grow_draft --from distributed_spec/assets/drafts/smollm2-draft --out /tmp/init4 \
+    python -m research.grow_draft --from distributed_spec/assets/drafts/smollm2-draft --out /tmp/init4 \
         --insert-at 1 --new-layers 1,28
 
 Each new layer is a target decoder layer (MLP pruned to the draft's width, as `--init-layers` does)
@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from distributed_spec.distill.teacher import load_target
+from distributed_spec.distill.train import init_from_target
 from distributed_spec.models.distilled import (
     CONFIG_NAME,
     SUB_VOCAB_KEY,
@@ -26,7 +28,6 @@ from distributed_spec.models.distilled import (
     draft_llama_config,
     read_draft_weights,
 )
-from scripts.distill_draft import init_from_target, load_target
 
 LAYER_PREFIX = "model.layers."
 ZEROED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", required=True, help="exported draft folder")
     parser.add_argument("--out", required=True, help="folder for the grown draft")
-    parser.add_argument("--target", default="smollm2", help='the target, as in scripts/distill_draft.py')
+    parser.add_argument("--target", default="smollm2", help='the target, as in python -m distributed_spec.distill')
     parser.add_argument("--insert-at", type=int, required=True, help="index of the draft layer the new ones go before")
     parser.add_argument("--new-layers", required=True, help='target layers that become identity layers, e.g. "1,28"')
     args = parser.parse_args(argv)

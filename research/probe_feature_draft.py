@@ -1,6 +1,6 @@
 """Probe: the held-out acceptance of a draft that reads the target's own features (EAGLE-style).
 
-The bundled distilled draft (scripts/distill_draft.py) sees only tokens and plateaus near 0.28 held-out
+The bundled distilled draft (distributed_spec/distill) sees only tokens and plateaus near 0.28 held-out
 acceptance at temperature 1 (issue 6 aims at 0.5). EAGLE (Li et al., arXiv 2401.15077) feeds the draft
 the target's last hidden state f_t with the next token x_{t+1}: one decoder layer maps
 (f_t, emb(x_{t+1})) to a guess of f_{t+1}, the target's frozen LM head turns it into q(x_{t+2}), and
@@ -13,8 +13,8 @@ Depth d = the d-th draft token of a block: depth 1 reads the target's true featu
 reads d-1 of its own. `chain_features` computes every depth for every position in one pass per depth
 (the streams of EAGLE-3's "training-time test"), trained on depths 1..--train-depth.
 
-    python -m scripts.distill_draft --stages generate --samples-per-prompt 8 --gen-batch-size 64
-    python -m scripts.probe_feature_draft --steps 600     # features, train, eval; prints JSON
+    python -m distributed_spec.distill --stages generate --samples-per-prompt 8 --gen-batch-size 64
+    python -m research.probe_feature_draft --steps 600     # features, train, eval; prints JSON
 
 Shapes: B sequences, L positions, H hidden, K sub-vocabulary, D depths.
 """
@@ -33,20 +33,16 @@ from torch import nn
 from tqdm import tqdm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from distributed_spec.distill.data import load_records, right_pad
+from distributed_spec.distill.losses import bucket_acceptance, bucket_kl_loss
+from distributed_spec.distill.teacher import load_target
+from distributed_spec.distill.train import optimizer_step
 from distributed_spec.models.distilled import (
     DISTILLED_SMOLLM2_DRAFT_DIR,
     load_distilled_draft,
     read_draft_weights,
 )
 from distributed_spec.models.fetch import cache_dir
-from scripts.distill_draft import (
-    bucket_acceptance,
-    bucket_kl_loss,
-    load_records,
-    load_target,
-    optimizer_step,
-    right_pad,
-)
 
 logger = logging.getLogger("probe_feature_draft")
 
@@ -286,7 +282,7 @@ def evaluate(args, target_model, draft: FeatureDraft, token_draft, records: list
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work-dir", default=str(cache_dir() / "distill" / "smollm2-draft"), help="distill_draft shards")
+    parser.add_argument("--work-dir", default=str(cache_dir() / "distill" / "smollm2-draft"), help="distributed_spec.distill shards")
     parser.add_argument("--token-draft", default=str(DISTILLED_SMOLLM2_DRAFT_DIR), help="token-only draft to compare with")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=8)
