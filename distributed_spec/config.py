@@ -19,13 +19,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-# "autoregressive" runs the same job with the target alone (no draft loaded): the baseline.
-VERIFIER_METHODS = ("block", "token", "greedy", "autoregressive")
-GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
-# What proposes the blocks (mirrors distributed_spec.engine.proposers.PROPOSERS; a test checks).
-PROPOSERS = ("model", "ngram", "model+ngram")
-# Methods with a multi-path rule, allowed with verifier.num_paths > 1.
-MULTIPATH_METHODS = ("block", "greedy")
+from distributed_spec.engine.config import EngineConfig, SamplingConfig, SchedulingConfig, VerifierConfig
+from distributed_spec.errors import ConfigError
+
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -40,10 +36,6 @@ MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled"
 DERIVED_KINDS = ("truncated", "distilled")
 # A Hugging Face hub id: `org/name`, letters, digits and `-_.` only.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the key to change."""
 
 
 def _require(ok: bool, message: str) -> None:
@@ -254,135 +246,6 @@ class ParallelConfig:
 
 
 @dataclass
-class VerifierConfig:
-    """The verification rule and the draft block length (conf/verifier/*.yaml)."""
-
-    # `block` (Sun et al. 2024), `token` (Leviathan et al. 2023), `greedy` (prefix match), or
-    # `autoregressive` (the target alone, no draft: the baseline).
-    method: str = "block"
-    # Draft block length g: tokens proposed per target call (the starting g when adaptive).
-    gamma: int = 4
-    # `goodput`: each step the g in {0, ..., max_gamma} with the most expected tokens per second on
-    # this device (measured online; 0 = no draft). `constant`: g = gamma. `adaptive`: per row, g grows
-    # by 2 after a fully kept block and shrinks by 1 otherwise, within [1, max_gamma]. All exact.
-    gamma_schedule: str = "goodput"
-    # The largest g of the `goodput` and `adaptive` schedules.
-    max_gamma: int = 4
-    # A row's block ends after the first draft token whose draft probability is below this
-    # (Hugging Face's assistant_confidence_threshold; exact for every method); 0 disables it.
-    draft_confidence_threshold: float = 0.0
-    # What proposes the blocks: `model` (the draft model), `ngram` (prompt lookup: what followed the
-    # row's last n tokens earlier in its own prompt and output; no draft model is loaded; a row
-    # without a match verifies no draft), `model+ngram` (n-gram where it matches, the model elsewhere).
-    proposer: str = "model"
-    # The n-gram proposer matches the last n tokens, n from ngram_max down to ngram_min.
-    ngram_min: int = 1
-    ngram_max: int = 3
-    # K draft paths per row and step, scored in one target forward; one path's prefix is kept
-    # (docs/design.md section 7). 1: block verification as before. K > 1: method block or greedy.
-    num_paths: int = 1
-
-    def __post_init__(self) -> None:
-        _require(
-            self.method in VERIFIER_METHODS,
-            f"verifier.method={self.method!r} is unknown; choose one of {VERIFIER_METHODS} "
-            "(e.g. verifier=block)",
-        )
-        _require(self.gamma >= 1, f"verifier.gamma must be >= 1, got {self.gamma}")
-        _require(
-            self.gamma_schedule in GAMMA_SCHEDULES,
-            f"verifier.gamma_schedule={self.gamma_schedule!r} is unknown; choose one of {GAMMA_SCHEDULES}",
-        )
-        _require(
-            self.gamma_schedule != "adaptive" or self.max_gamma >= self.gamma,
-            f"verifier.max_gamma ({self.max_gamma}) must be >= verifier.gamma ({self.gamma}) "
-            "with verifier.gamma_schedule=adaptive",
-        )
-        _require(
-            0.0 <= self.draft_confidence_threshold < 1.0,
-            f"verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), got {self.draft_confidence_threshold}",
-        )
-        _require(
-            self.proposer in PROPOSERS,
-            f"verifier.proposer={self.proposer!r} is unknown; choose one of {PROPOSERS}",
-        )
-        _require(
-            self.proposer == "model" or self.method != "autoregressive",
-            f"verifier.proposer={self.proposer} proposes blocks, but verifier.method=autoregressive verifies "
-            "none; set verifier.proposer=model or pick a verifier (e.g. verifier=block)",
-        )
-        _require(
-            1 <= self.ngram_min <= self.ngram_max,
-            f"verifier.ngram_min and verifier.ngram_max need 1 <= ngram_min <= ngram_max, "
-            f"got {self.ngram_min} and {self.ngram_max}",
-        )
-        _require(self.num_paths >= 1, f"verifier.num_paths must be >= 1, got {self.num_paths}")
-        _require(
-            self.num_paths == 1 or self.method in MULTIPATH_METHODS,
-            f"verifier.num_paths={self.num_paths} needs a draft model and verifier.method in "
-            f"{MULTIPATH_METHODS} (e.g. verifier=block), got verifier.method={self.method!r}",
-        )
-        _require(
-            self.num_paths == 1 or self.draft_confidence_threshold == 0,
-            "verifier.num_paths > 1 needs verifier.draft_confidence_threshold=0 "
-            "(every path of a row verifies the same number of drafts)",
-        )
-        _require(
-            self.num_paths == 1 or self.proposer == "model",
-            f"verifier.num_paths > 1 draws its paths from the draft model: set verifier.proposer=model "
-            f"(got {self.proposer!r}) or verifier.num_paths=1",
-        )
-
-    @property
-    def uses_draft_model(self) -> bool:
-        """Whether the job loads a draft model (not for the autoregressive baseline, nor for n-grams)."""
-        return self.method != "autoregressive" and self.proposer != "ngram"
-
-
-@dataclass
-class SchedulingConfig:
-    """How the engine's scheduler batches rows (conf/engine/*.yaml); data.batch_size rows at once."""
-
-    # true: a finished row's place goes to the next record at the next step (continuous batching);
-    # false: static batches (the next batch starts when the last row of the current one has ended).
-    continuous_batching: bool = True
-    # Prompt tokens a row feeds the target per step at most: a long prompt goes in by chunks beside
-    # the other rows' blocks instead of stalling them; null: whole prompts.
-    prefill_chunk_tokens: int | None = 256
-
-    def __post_init__(self) -> None:
-        _require(
-            self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 1,
-            f"engine.prefill_chunk_tokens must be >= 1 or null, got {self.prefill_chunk_tokens}",
-        )
-
-
-@dataclass
-class SamplingConfig:
-    """How tokens are drawn (conf/sampling/*.yaml); applied to draft and target alike."""
-
-    # Softmax temperature; 0 is greedy.
-    temperature: float = 0.7
-    # Keep the k most likely tokens; 0 disables.
-    top_k: int = 0
-    # Nucleus mass; 1.0 disables.
-    top_p: float = 1.0
-    # Tokens to generate per record at most.
-    max_new_tokens: int = 128
-    # Seed of the job's random numbers (draft sampling and verification uniforms).
-    seed: int = 0
-    # Strings that end a completion; the completion is cut before the first one.
-    stop: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        _require(self.temperature >= 0.0, f"sampling.temperature must be >= 0, got {self.temperature}")
-        _require(self.top_k >= 0, f"sampling.top_k must be >= 0 (0 disables), got {self.top_k}")
-        _require(0.0 < self.top_p <= 1.0, f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        _require(self.max_new_tokens >= 1, f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _require(all(self.stop), "sampling.stop must not contain empty strings")
-
-
-@dataclass
 class DataConfig:
     """Input records, output files and batching (conf/data/*.yaml)."""
 
@@ -495,8 +358,20 @@ class JobConfig:
         assert isinstance(job, cls)
         return job
 
+    def engine_config(self, eos_token_ids: tuple[int, ...] = ()) -> EngineConfig:
+        """The engine's config: this job's verifier, sampling and engine groups as they are."""
+        return EngineConfig(self.verifier, self.sampling, self.engine, self.data.batch_size, eos_token_ids)
+
     def to_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.structured(self), resolve=True)  # type: ignore[return-value]
+
+
+# Keys renamed when the draft length got one vocabulary (engine/config.py): old name -> new name.
+_RENAMED_KEYS = {
+    "verifier.gamma": "verifier.num_draft_tokens",
+    "verifier.gamma_schedule": "verifier.draft_len_schedule",
+    "verifier.max_gamma": "verifier.max_draft_len",
+}
 
 
 def _omegaconf_message(err: OmegaConfBaseException) -> str:
@@ -506,6 +381,8 @@ def _omegaconf_message(err: OmegaConfBaseException) -> str:
         return str(cause)
     key = getattr(err, "full_key", None)
     first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if key in _RENAMED_KEYS:
+        return f"{key} is now {_RENAMED_KEYS[key]}: set {_RENAMED_KEYS[key]} instead"
     return f"{key}: {first_line}" if key else first_line
 
 

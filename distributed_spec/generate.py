@@ -2,7 +2,7 @@
 
     python -m distributed_spec.generate                                   # sample prompts, SmolLM2 pair
     python -m distributed_spec.generate data.input_path=prompts.jsonl sampling.max_new_tokens=256
-    python -m distributed_spec.generate --multirun verifier=block,token verifier.gamma=2,4,8
+    python -m distributed_spec.generate --multirun verifier=block,token verifier.num_draft_tokens=2,4,8
     distributed-spec-generate parallel=ray parallel.tp_size=2            # the console script
 
 A Hydra app over conf/ (groups: model, parallel, verifier, engine, sampling, data, tracking; every value can

@@ -21,19 +21,26 @@ def _register_resolvers() -> None:
     # ${ds.asset:name}: a file shipped in distributed_spec/assets; ${ds.stem:path}: a file's stem.
     OmegaConf.register_new_resolver("ds.asset", lambda name: str(PACKAGE_DIR / "assets" / name), replace=True)
     OmegaConf.register_new_resolver("ds.stem", lambda path: Path(str(path)).stem, replace=True)
-    # ${ds.gamma:gamma,schedule,max_gamma,threshold}: "g4" for a constant g, "g4a8" for adaptive from
-    # 4 up to 8, "gp4" for goodput up to 4, then "c0.4" when the draft's confidence stop is on and
-    # "k2" with 2 draft paths per row.
-    OmegaConf.register_new_resolver("ds.gamma", _gamma_dir_name, replace=True)
+    # ${ds.draft_len:method,num_draft_tokens,schedule,max_draft_len,threshold,num_paths}: the
+    # draft-length settings as VerifierConfig.describe_draft_len writes them everywhere ("d4", "d4a8",
+    # "dgp8", then "c0.4" with the confidence stop and "k2" with 2 paths; "d0" for the baseline).
+    OmegaConf.register_new_resolver("ds.draft_len", _draft_len_dir_name, replace=True)
     # ${ds.proposer:proposer,ngram_min,ngram_max}: "" for the draft model (the directories of runs
     # from before proposers existed), "-ngram1-3" / "-model+ngram1-3" otherwise.
     OmegaConf.register_new_resolver("ds.proposer", _proposer_dir_name, replace=True)
 
 
-def _gamma_dir_name(gamma, schedule, max_gamma, confidence_threshold, num_paths=1) -> str:
-    name = {"constant": f"g{gamma}", "adaptive": f"g{gamma}a{max_gamma}", "goodput": f"gp{max_gamma}"}[schedule]
-    name += f"c{confidence_threshold}" if confidence_threshold else ""
-    return name + (f"k{num_paths}" if num_paths != 1 else "")
+def _draft_len_dir_name(method, num_draft_tokens, schedule, max_draft_len, threshold, num_paths) -> str:
+    from distributed_spec.engine.config import VerifierConfig
+
+    return VerifierConfig(
+        method=method,
+        num_draft_tokens=num_draft_tokens,
+        draft_len_schedule=schedule,
+        max_draft_len=max_draft_len,
+        draft_confidence_threshold=threshold,
+        num_paths=num_paths,
+    ).describe_draft_len()
 
 
 def _proposer_dir_name(proposer, ngram_min, ngram_max) -> str:

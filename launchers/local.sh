@@ -2,9 +2,9 @@
 # Run the generation job on this machine (no cluster): python -m distributed_spec.generate [overrides].
 #
 #   bash launchers/local.sh                                        # sample prompts, SmolLM2 pair, local engine
-#   bash launchers/local.sh data.input_path=prompts.jsonl verifier=token verifier.gamma=8
+#   bash launchers/local.sh data.input_path=prompts.jsonl verifier=token verifier.num_draft_tokens=8
 #   bash launchers/local.sh parallel=ray parallel.tp_size=2        # Ray started in-process, 2 target shards
-#   bash launchers/local.sh --multirun verifier=block,token verifier.gamma=2,4,8
+#   bash launchers/local.sh --multirun verifier=block,token verifier.num_draft_tokens=2,4,8
 #   DRY_RUN=1 bash launchers/local.sh verifier=token               # print the command, run nothing
 #
 # Every argument is a Hydra override (see conf/). Outputs go to runs/generate/... under the current

@@ -14,9 +14,9 @@ distributed_spec/assets/bench_prompts.jsonl (chat, code, summarisation; chat tem
 
 Our speculative methods run with each draft-length policy of --draft-lengths (engine/draft_length.py):
 "<method>" a constant g; "<method>+adaptive" the adaptive schedule starting at g, capped by
---max-gamma; "<method>+conf<t>" at most g drafts, a row's block ending after a draft token with draft
+--max-g; "<method>+conf<t>" at most g drafts, a row's block ending after a draft token with draft
 probability < t (--confidence-threshold), the policy of Hugging Face assisted generation here. Reported per
-(temperature, gamma, method), mean and spread over seeds: block efficiency (tokens per
+(temperature, g, method), mean and spread over seeds: block efficiency (tokens per
 target call, correction/bonus token counted), acceptance rate (accepted draft tokens / proposed),
 tokens/s and speedup over our autoregressive decoding of the same prompts in the same run. All wall-
 clock rows run at batch 1 (Hugging Face assisted generation cannot batch); a batch-size sweep of our
@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from distributed_spec.engine import EngineConfig, RunStats, SpeculativeEngine
-from distributed_spec.verify import SamplingParams
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from scripts.common import (
     chat_ids,
     load_default_pair,
@@ -61,20 +61,28 @@ from scripts.common import (
 logger = logging.getLogger("bench")
 
 # Defaults of the grid flags left out, per mode.
-GRID_DEFAULTS = dict(gammas=[2, 4, 6, 8], temperatures=[0.0, 0.6, 1.0], seeds=[0, 1, 2], num_prompts=36,
-                     batch_sizes=[1, 4, 16], dtype="float32", threads=torch.get_num_threads())
+GRID_DEFAULTS = dict(
+    gammas=[2, 4, 6, 8],
+    temperatures=[0.0, 0.6, 1.0],
+    seeds=[0, 1, 2],
+    num_prompts=36,
+    batch_sizes=[1, 4, 16],
+    dtype="float32",
+    threads=torch.get_num_threads(),
+)
 # One thread: on a small CPU shared with other jobs, multi-threaded small matmuls spin-wait and can
 # run 10-100x slower than single-threaded ones.
-ENGINE_DEFAULTS = dict(gammas=[4], temperatures=[1.0], seeds=[0], num_prompts=8, batch_sizes=[8], dtype="auto",
-                       threads=1)
-# Sun et al., PaLM-2-S / PaLM-2-XXS, block over token verification: block efficiency gain per gamma.
+ENGINE_DEFAULTS = dict(
+    gammas=[4], temperatures=[1.0], seeds=[0], num_prompts=8, batch_sizes=[8], dtype="auto", threads=1
+)
+# Sun et al., PaLM-2-S / PaLM-2-XXS, block over token verification: block efficiency gain per g.
 PAPER_BLOCK_OVER_TOKEN = {4: 1.035, 6: 1.06, 8: 1.083}
 
 
 @dataclass
 class Measurement:
     temperature: float
-    gamma: int
+    g: int
     method: str  # autoregressive | token | block | greedy (each also "+adaptive") | hf_assisted
     batch_size: int
     block_efficiency: list[float] = field(default_factory=list)
@@ -109,13 +117,13 @@ def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str
     return [chat_ids(tokenizer, r["messages"]) for r in interleaved], [r["task"] for r in interleaved]
 
 
-def draft_length_options(label: str, gamma: int, max_gamma: int) -> tuple[str, dict]:
-    """"block+adaptive" -> ("block", engine options); "+conf0.4" sets the confidence stop."""
+def draft_length_options(label: str, g: int, max_draft_len: int) -> tuple[str, dict]:
+    """ "block+adaptive" -> ("block", engine options); "+conf0.4" sets the confidence stop."""
     method, *policies = label.split("+")
     options: dict = {}
     for policy in policies:
         if policy == "adaptive":
-            options.update(gamma_schedule="adaptive", max_gamma=max(max_gamma, gamma))
+            options.update(draft_len_schedule="adaptive", max_draft_len=max(max_draft_len, g))
         elif policy.startswith("conf"):
             options["draft_confidence_threshold"] = float(policy.removeprefix("conf"))
         else:
@@ -129,7 +137,7 @@ class Run:
 
     # autoregressive | token | block | greedy (each also "+adaptive" / "+conf<t>") | hf_assisted
     method: str
-    gamma: int
+    g: int
 
 
 @dataclass
@@ -146,7 +154,14 @@ class Tally:
     outputs: list[list[int]] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
-        for name in ("num_tokens", "num_row_iterations", "num_accepted", "num_proposed", "seconds", "outputs"):
+        for name in (
+            "num_tokens",
+            "num_row_iterations",
+            "num_accepted",
+            "num_proposed",
+            "seconds",
+            "outputs",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -162,18 +177,16 @@ class Tally:
         return self.num_tokens / self.seconds if self.seconds else 0.0
 
 
-def run_engine(target, draft, prompts, method, gamma, temperature, seed, max_new_tokens, eos_ids, max_gamma=8) -> Tally:
+def run_engine(
+    target, draft, prompts, method, g, temperature, seed, max_new_tokens, eos_ids, max_draft_len=8
+) -> Tally:
     """One engine run over `prompts` (one batch); `method` may carry draft-length policies
     ("block+adaptive", "token+conf0.4")."""
-    method, options = draft_length_options(method, gamma, max_gamma)
+    method, options = draft_length_options(method, g, max_draft_len)
     config = EngineConfig(
-        method=method,
-        gamma=max(gamma, 1),
-        **options,
-        sampling=SamplingParams(temperature=temperature),
-        max_new_tokens=max_new_tokens,
+        VerifierConfig(method=method, num_draft_tokens=max(g, 1), **options),
+        SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed),
         max_batch_size=len(prompts),
-        seed=seed,
         eos_token_ids=eos_ids,
     )
     engine = SpeculativeEngine(target.model, draft.model if method != "autoregressive" else None, config)
@@ -204,9 +217,9 @@ class _CallCounter:
         self._handle.remove()
 
 
-def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tokens, eos_ids) -> Tally:
+def run_hf_assisted(target, draft, prompt, g, temperature, seed, max_new_tokens, eos_ids) -> Tally:
     """transformers `generate(assistant_model=...)` on one prompt (it raises for batches > 1): its own
-    defaults with num_assistant_tokens = gamma, i.e. at most g drafts per target call, the drafting
+    defaults with num_assistant_tokens = g, i.e. at most g drafts per target call, the drafting
     ended early once the assistant's probability of its token is below assistant_confidence_threshold
     (0.4; it only adapts when scikit-learn is installed); top-k/top-p off to match our sampling.
     Every target call (its first one also reads the prompt) emits its accepted drafts plus one token;
@@ -215,7 +228,7 @@ def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tok
     saved_num_assistant_tokens = assistant_config.num_assistant_tokens
     # transformers takes the draft length from the assistant's own generation config (default 20),
     # not from generate()'s keyword arguments.
-    assistant_config.num_assistant_tokens = gamma
+    assistant_config.num_assistant_tokens = g
     counter = _CallCounter(target.model)
     draft_counter = _CallCounter(draft.model)
     torch.manual_seed(seed)
@@ -231,7 +244,7 @@ def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tok
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             assistant_model=draft.model,
-            num_assistant_tokens=gamma,
+            num_assistant_tokens=g,
             max_new_tokens=max_new_tokens,
             eos_token_id=list(eos_ids) or None,
             pad_token_id=eos_ids[0] if eos_ids else None,
@@ -254,7 +267,7 @@ def run_hf_assisted(target, draft, prompt, gamma, temperature, seed, max_new_tok
 
 
 def run_interleaved(
-    target, draft, prompts, runs: list[Run], temperature, seed, batch_size, max_new_tokens, eos_ids, max_gamma
+    target, draft, prompts, runs: list[Run], temperature, seed, batch_size, max_new_tokens, eos_ids, max_draft_len
 ) -> dict[Run, Tally]:
     """Every run over the same prompts, taking turns batch by batch (rotating who goes first), so a
     slow spell of the machine (shared memory bandwidth drifts by 10-30% over minutes) hits every run
@@ -266,10 +279,21 @@ def run_interleaved(
         shift = index % len(runs)
         for run in runs[shift:] + runs[:shift]:
             if run.method == "hf_assisted":
-                tally = run_hf_assisted(target, draft, batch[0], run.gamma, temperature, batch_seed, max_new_tokens, eos_ids)
+                tally = run_hf_assisted(
+                    target, draft, batch[0], run.g, temperature, batch_seed, max_new_tokens, eos_ids
+                )
             else:
                 tally = run_engine(
-                    target, draft, batch, run.method, run.gamma, temperature, batch_seed, max_new_tokens, eos_ids, max_gamma
+                    target,
+                    draft,
+                    batch,
+                    run.method,
+                    run.g,
+                    temperature,
+                    batch_seed,
+                    max_new_tokens,
+                    eos_ids,
+                    max_draft_len,
                 )
             tallies[run].add(tally)
     return tallies
@@ -314,8 +338,12 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
         for ax, temperature in zip(axes[0], temperatures):
             for method in sorted({m.method for m in results if m.method != "autoregressive"}):
                 rows = sorted(
-                    (m for m in results if m.method == method and m.temperature == temperature and m.batch_size == 1),
-                    key=lambda m: m.gamma,
+                    (
+                        m
+                        for m in results
+                        if m.method == method and m.temperature == temperature and m.batch_size == 1
+                    ),
+                    key=lambda m: m.g,
                 )
                 if not rows:
                     continue
@@ -325,9 +353,9 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
                     ys = [getattr(m, metric) for m in rows]
                 means = [statistics.fmean(y) for y in ys]
                 spreads = [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]
-                ax.errorbar([m.gamma for m in rows], means, yerr=spreads, marker="o", capsize=3, label=method)
+                ax.errorbar([m.g for m in rows], means, yerr=spreads, marker="o", capsize=3, label=method)
             ax.set_title(f"temperature {temperature}")
-            ax.set_xlabel("gamma (draft block length)")
+            ax.set_xlabel("g (draft block length)")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend()
@@ -336,10 +364,18 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
     for temperature in temperatures:
         ratios = ratio_rows(results, temperature)
         if ratios:
-            ax.plot([g for g, _ in ratios], [r for _, r in ratios], marker="o", label=f"ours, T={temperature}")
-    ax.plot(list(PAPER_BLOCK_OVER_TOKEN), list(PAPER_BLOCK_OVER_TOKEN.values()), "k--", marker="s", label="Sun et al. (PaLM-2)")
+            ax.plot(
+                [g for g, _ in ratios], [r for _, r in ratios], marker="o", label=f"ours, T={temperature}"
+            )
+    ax.plot(
+        list(PAPER_BLOCK_OVER_TOKEN),
+        list(PAPER_BLOCK_OVER_TOKEN.values()),
+        "k--",
+        marker="s",
+        label="Sun et al. (PaLM-2)",
+    )
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("gamma")
+    ax.set_xlabel("g")
     ax.set_ylabel("block efficiency: block / token")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -348,13 +384,26 @@ def plot(results: list[Measurement], out: Path) -> list[Path]:
 
 
 def ratio_rows(results: list[Measurement], temperature: float) -> list[tuple[int, float]]:
-    """(gamma, mean block efficiency of block / of token) at batch 1."""
+    """(g, mean block efficiency of block / of token) at batch 1."""
     rows = []
-    for gamma in sorted({m.gamma for m in results if m.method == "block" and m.temperature == temperature}):
-        block = [m for m in results if (m.method, m.temperature, m.gamma, m.batch_size) == ("block", temperature, gamma, 1)]
-        token = [m for m in results if (m.method, m.temperature, m.gamma, m.batch_size) == ("token", temperature, gamma, 1)]
+    for g in sorted({m.g for m in results if m.method == "block" and m.temperature == temperature}):
+        block = [
+            m
+            for m in results
+            if (m.method, m.temperature, m.g, m.batch_size) == ("block", temperature, g, 1)
+        ]
+        token = [
+            m
+            for m in results
+            if (m.method, m.temperature, m.g, m.batch_size) == ("token", temperature, g, 1)
+        ]
         if block and token:
-            rows.append((gamma, statistics.fmean(block[0].block_efficiency) / statistics.fmean(token[0].block_efficiency)))
+            rows.append(
+                (
+                    g,
+                    statistics.fmean(block[0].block_efficiency) / statistics.fmean(token[0].block_efficiency),
+                )
+            )
     return rows
 
 
@@ -367,68 +416,97 @@ def markdown(results: list[Measurement], header: str) -> str:
     ]
     # By batch size, then temperature, then g (autoregressive first): a grid run in parts (--append)
     # reads like one run; within a g the methods keep the order they ran in.
-    for m in sorted(results, key=lambda m: (m.batch_size, m.temperature, m.gamma)):
+    for m in sorted(results, key=lambda m: (m.batch_size, m.temperature, m.g)):
         be, be_sd = mean_spread(m.block_efficiency)
         acc, acc_sd = mean_spread(m.acceptance_rate)
         tps, tps_sd = mean_spread(m.tokens_per_s)
         ratios = speedups(results, m)
         speedup = "{:.2f} ± {:.2f}".format(*mean_spread(ratios)) if ratios else "-"
-        gamma = "-" if m.method == "autoregressive" else str(m.gamma)
+        g = "-" if m.method == "autoregressive" else str(m.g)
         same = f"{statistics.fmean(m.same_as_autoregressive):.0%}" if m.same_as_autoregressive else "-"
         lines.append(
-            f"| {m.temperature} | {gamma} | {m.batch_size} | {m.method} | {be:.3f} ± {be_sd:.3f} | {acc:.3f} ± {acc_sd:.3f} | "
+            f"| {m.temperature} | {g} | {m.batch_size} | {m.method} | {be:.3f} ± {be_sd:.3f} | {acc:.3f} ± {acc_sd:.3f} | "
             f"{tps:.1f} ± {tps_sd:.1f} | {speedup} | {same} |"
         )
-    lines += ["", "Block over token verification, block efficiency ratio (ours vs Sun et al., PaLM-2 pair):", ""]
+    lines += [
+        "",
+        "Block over token verification, block efficiency ratio (ours vs Sun et al., PaLM-2 pair):",
+        "",
+    ]
     lines += ["| T | g | ours | paper |", "|---|---|---|---|"]
     for temperature in sorted({m.temperature for m in results}):
-        for gamma, ratio in ratio_rows(results, temperature):
-            paper = PAPER_BLOCK_OVER_TOKEN.get(gamma)
-            lines.append(f"| {temperature} | {gamma} | {ratio:.3f} | {paper if paper else '-'} |")
+        for g, ratio in ratio_rows(results, temperature):
+            paper = PAPER_BLOCK_OVER_TOKEN.get(g)
+            lines.append(f"| {temperature} | {g} | {ratio:.3f} | {paper if paper else '-'} |")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gammas", type=int, nargs="+", default=None, help="draft tokens per row (g)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="batch-size sweep of our engine")
-    parser.add_argument("--sweep-gamma", type=int, default=4)
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=None, help="batch-size sweep of our engine"
+    )
+    parser.add_argument("--sweep-g", type=int, default=4)
     parser.add_argument("--sweep-temperature", type=float, default=1.0)
     parser.add_argument(
-        "--draft-lengths", nargs="+", choices=["constant", "adaptive", "confidence"],
-        default=["constant", "adaptive", "confidence"], help="draft-length policies of our speculative methods",
+        "--draft-lengths",
+        nargs="+",
+        choices=["constant", "adaptive", "confidence"],
+        default=["constant", "adaptive", "confidence"],
+        help="draft-length policies of our speculative methods",
     )
-    parser.add_argument("--max-gamma", type=int, default=8, help="cap of the adaptive schedule")
+    parser.add_argument("--max-g", type=int, default=8, help="cap of the adaptive schedule")
     parser.add_argument(
-        "--confidence-threshold", type=float, default=0.4,
+        "--confidence-threshold",
+        type=float,
+        default=0.4,
         help="the confidence policy's threshold (Hugging Face's default assistant_confidence_threshold)",
     )
-    parser.add_argument("--draft", choices=["auto", "distilled", "truncated"], default="auto",
-                        help="auto: the bundled distilled draft, else (with a warning) the truncated target")
     parser.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16"], default=None,
+        "--draft",
+        choices=["auto", "distilled", "truncated"],
+        default="auto",
+        help="auto: the bundled distilled draft, else (with a warning) the truncated target",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default=None,
         help="weights of both models (the job's model.dtype); see docs/RESULTS.md for what each costs on a CPU",
     )
     parser.add_argument("--skip-hf", action="store_true", help="leave out Hugging Face assisted generation")
     parser.add_argument("--costs-only", action="store_true", help="print the forward-cost table and stop")
     parser.add_argument(
-        "--append", action="store_true",
+        "--append",
+        action="store_true",
         help="add to the rows of --out/results.json (same --dtype) instead of starting over: a grid run in parts",
     )
     parser.add_argument("--threads", "--num-threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path("docs/bench"))
     engine = parser.add_argument_group("engine table (--engine-table)")
-    engine.add_argument("--engine-table", action="store_true",
-                        help="our engine's methods on the short questions, a table per batch size (no grid)")
-    engine.add_argument("--methods", default="autoregressive,token,block", help="comma-separated engine methods")
-    engine.add_argument("--repeats", type=int, default=1, help="runs per method, interleaved; the fastest is kept")
+    engine.add_argument(
+        "--engine-table",
+        action="store_true",
+        help="our engine's methods on the short questions, a table per batch size (no grid)",
+    )
+    engine.add_argument(
+        "--methods", default="autoregressive,token,block", help="comma-separated engine methods"
+    )
+    engine.add_argument(
+        "--repeats", type=int, default=1, help="runs per method, interleaved; the fastest is kept"
+    )
     engine.add_argument("--stop-at-eos", action="store_true", help="end rows at the tokenizer's EOS")
     engine.add_argument("--num-layers", type=int, default=4, help="layers of the truncated draft")
-    engine.add_argument("--distilled-dir", default=None, help="distilled checkpoint (default: the bundled one)")
+    engine.add_argument(
+        "--distilled-dir", default=None, help="distilled checkpoint (default: the bundled one)"
+    )
     engine.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     for key, value in (ENGINE_DEFAULTS if args.engine_table else GRID_DEFAULTS).items():
@@ -448,10 +526,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
 
-    target, draft = load_default_pair(args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir)
+    target, draft = load_default_pair(
+        args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir
+    )
     prompts, tasks = load_prompts(target.tokenizer, args.num_prompts)
     eos_ids = tuple(i for i in [target.tokenizer.eos_token_id] if i is not None)
-    logger.info("target %s, draft %s, %d prompts (%s)", target.name, draft.name, len(prompts), ", ".join(sorted(set(tasks))))
+    logger.info(
+        "target %s, draft %s, %d prompts (%s)",
+        target.name,
+        draft.name,
+        len(prompts),
+        ", ".join(sorted(set(tasks))),
+    )
     with torch.no_grad():
         costs = forward_costs(target, draft, max(args.gammas + [args.sweep_gamma]) + 1)
     logger.info("forward ms: target %s, draft %s", costs["target_ms"], costs["draft_ms"])
@@ -460,16 +546,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     results: list[Measurement] = load_results(args.out / "results.json", args.dtype) if args.append else []
 
-    def measurement(temperature: float, gamma: int, method: str, batch_size: int) -> Measurement:
+    def measurement(temperature: float, g: int, method: str, batch_size: int) -> Measurement:
         for m in results:
-            if (m.temperature, m.gamma, m.method, m.batch_size) == (temperature, gamma, method, batch_size):
+            if (m.temperature, m.g, m.method, m.batch_size) == (temperature, g, method, batch_size):
                 return m
-        results.append(Measurement(temperature, gamma, method, batch_size))
+        results.append(Measurement(temperature, g, method, batch_size))
         return results[-1]
 
     def record(tallies: dict[Run, Tally], temperature: float, batch_size: int, seed: int) -> None:
         for run, tally in tallies.items():
-            m = measurement(temperature, run.gamma, run.method, batch_size)
+            m = measurement(temperature, run.g, run.method, batch_size)
             m.add(tally.block_efficiency, tally.acceptance_rate, tally.tokens_per_s)
             if temperature == 0:
                 reference = tallies[Run("autoregressive", 0)].outputs
@@ -477,57 +563,97 @@ def main(argv: list[str] | None = None) -> None:
                 m.same_as_autoregressive.append(same)
             logger.info(
                 "T=%s B=%d seed=%d g=%d %s: BE %.3f, acceptance %.3f, %.1f tokens/s",
-                temperature, batch_size, seed, run.gamma, run.method, tally.block_efficiency, tally.acceptance_rate,
+                temperature,
+                batch_size,
+                seed,
+                run.g,
+                run.method,
+                tally.block_efficiency,
+                tally.acceptance_rate,
                 tally.tokens_per_s,
             )
 
-    common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids, "max_gamma": args.max_gamma}
+    common = {"max_new_tokens": args.max_new_tokens, "eos_ids": eos_ids, "max_draft_len": args.max_draft_len}
     suffixes = {"constant": "", "adaptive": "+adaptive", "confidence": f"+conf{args.confidence_threshold}"}
     for temperature in args.temperatures:
         verifiers = ["greedy"] if temperature == 0 else ["token", "block"]
         methods = [verifier + suffixes[policy] for policy in args.draft_lengths for verifier in verifiers]
         if not args.skip_hf:
             methods.append("hf_assisted")
-        runs = [Run("autoregressive", 0)] + [Run(method, gamma) for gamma in args.gammas for method in methods]
+        runs = [Run("autoregressive", 0)] + [
+            Run(method, g) for g in args.gammas for method in methods
+        ]
         # Temperature 0 draws no random numbers: every seed gives the same tokens, so one seed is run.
         for seed in args.seeds[:1] if temperature == 0 else args.seeds:
-            record(run_interleaved(target, draft, prompts, runs, temperature, seed, 1, **common), temperature, 1, seed)
+            record(
+                run_interleaved(target, draft, prompts, runs, temperature, seed, 1, **common),
+                temperature,
+                1,
+                seed,
+            )
         write_results(results, costs, args, target, draft, prompts)
     sweep_method = "greedy" if args.sweep_temperature == 0 else "block"
     sweep_runs = [Run("autoregressive", 0)] + [
         Run(sweep_method + suffixes[policy], args.sweep_gamma) for policy in args.draft_lengths
     ]
     for batch_size in args.batch_sizes:
-        if batch_size == 1 and args.sweep_temperature in args.temperatures and args.sweep_gamma in args.gammas:
+        if (
+            batch_size == 1
+            and args.sweep_temperature in args.temperatures
+            and args.sweep_gamma in args.gammas
+        ):
             continue  # already measured above
         for seed in args.seeds:
-            tallies = run_interleaved(target, draft, prompts, sweep_runs, args.sweep_temperature, seed, batch_size, **common)
+            tallies = run_interleaved(
+                target, draft, prompts, sweep_runs, args.sweep_temperature, seed, batch_size, **common
+            )
             record(tallies, args.sweep_temperature, batch_size, seed)
 
     write_results(results, costs, args, target, draft, prompts, final=True)
 
 
-ENGINE_COLUMNS = ["method", "tokens/s", "speedup", "block efficiency", "target calls", "draft calls",
-                  "acceptance per position", "draft / target / verify / other s"]
+ENGINE_COLUMNS = [
+    "method",
+    "tokens/s",
+    "speedup",
+    "block efficiency",
+    "target calls",
+    "draft calls",
+    "acceptance per position",
+    "draft / target / verify / other s",
+]
 
 
 def engine_row(method: str, stats: RunStats, baseline_tokens_per_s: float) -> list[str]:
     """One line of the engine table (ENGINE_COLUMNS)."""
     acceptance = " ".join(f"{rate:.2f}" for rate in stats.acceptance_per_position) or "-"
     speedup = stats.tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s else float("nan")
-    return [method, f"{stats.tokens_per_s:.1f}", f"{speedup:.2f}x", f"{stats.block_efficiency:.2f}",
-            str(stats.num_target_calls), str(stats.num_draft_calls), acceptance,
-            f"{stats.draft_s:.1f} / {stats.target_s:.1f} / {stats.verify_s:.2f} / {stats.other_s:.2f}"]
+    return [
+        method,
+        f"{stats.tokens_per_s:.1f}",
+        f"{speedup:.2f}x",
+        f"{stats.block_efficiency:.2f}",
+        str(stats.num_target_calls),
+        str(stats.num_draft_calls),
+        acceptance,
+        f"{stats.draft_s:.1f} / {stats.target_s:.1f} / {stats.verify_s:.2f} / {stats.other_s:.2f}",
+    ]
 
 
 def engine_table(target, draft, prompts: list[list[int]], methods: list[str], batch_size: int, args) -> str:
     """Every method over the same prompts at one batch size, best of --repeats interleaved runs."""
     tokenizer = target.tokenizer
-    config = dict(gamma=args.gammas[0], sampling=SamplingParams(temperature=args.temperatures[0]),
-                  max_new_tokens=args.max_new_tokens, max_batch_size=batch_size, seed=args.seeds[0],
-                  eos_token_ids=(tokenizer.eos_token_id,) if args.stop_at_eos else ())
+    sampling = SamplingConfig(
+        temperature=args.temperatures[0], max_new_tokens=args.max_new_tokens, seed=args.seeds[0]
+    )
+    eos_ids = (tokenizer.eos_token_id,) if args.stop_at_eos else ()
+
+    def config(method: str) -> EngineConfig:
+        verifier = VerifierConfig(method=method, num_draft_tokens=args.gammas[0])
+        return EngineConfig(verifier, sampling, max_batch_size=batch_size, eos_token_ids=eos_ids)
+
     engines = {
-        method: SpeculativeEngine(target.model, draft.model, EngineConfig(method=method, **config), tokenizer=tokenizer)
+        method: SpeculativeEngine(target.model, draft.model, config(method), tokenizer=tokenizer)
         for method in methods
     }
     for engine in engines.values():
@@ -542,19 +668,26 @@ def engine_table(target, draft, prompts: list[list[int]], methods: list[str], ba
             if repeat == 0:
                 logger.info("%s sample: %r", method, tokenizer.decode(results[0].token_ids))
     baseline = best["autoregressive"].tokens_per_s if "autoregressive" in best else 0.0
-    title = (f"target smollm2, draft {draft.name}, g={args.gammas[0]}, T={args.temperatures[0]}, "
-             f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch {batch_size}, "
-             f"device {args.device}, {args.threads} thread(s), best of {args.repeats}")
-    return title + "\n\n" + markdown_table(ENGINE_COLUMNS, [engine_row(m, best[m], baseline) for m in methods])
+    title = (
+        f"target smollm2, draft {draft.name}, g={args.gammas[0]}, T={args.temperatures[0]}, "
+        f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch {batch_size}, "
+        f"device {args.device}, {args.threads} thread(s), best of {args.repeats}"
+    )
+    return (
+        title + "\n\n" + markdown_table(ENGINE_COLUMNS, [engine_row(m, best[m], baseline) for m in methods])
+    )
 
 
 def engine_tables(args) -> str:
     """--engine-table: the engine table at each of --batch-sizes."""
-    target, draft = load_default_pair(args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir,
-                                      device=args.device)
+    target, draft = load_default_pair(
+        args.draft, args.dtype, args.num_layers, distilled_dir=args.distilled_dir, device=args.device
+    )
     prompts = question_prompts(target.tokenizer, args.num_prompts)
     methods = args.methods.split(",")
-    return "\n\n".join(engine_table(target, draft, prompts, methods, batch_size, args) for batch_size in args.batch_sizes)
+    return "\n\n".join(
+        engine_table(target, draft, prompts, methods, batch_size, args) for batch_size in args.batch_sizes
+    )
 
 
 def load_results(path: Path, dtype: str) -> list[Measurement]:
@@ -589,7 +722,7 @@ def write_results(results, costs, args, target, draft, prompts, final: bool = Fa
     header = (
         f"target {target.name}, draft {draft.name}, {args.dtype}; {len(prompts)} prompts, {args.max_new_tokens} new "
         f"tokens, seeds {args.seeds} (T = 0: the first only), {args.threads} threads; mean ± std over seeds; runs take "
-        f"turns prompt by prompt. +adaptive: g starts at the g column, adapts per row up to {args.max_gamma}; "
+        f"turns prompt by prompt. +adaptive: g starts at the g column, adapts per row up to {args.max_draft_len}; "
         "+conf<t>: at most g drafts, a row's block ends after a draft token whose draft probability is below t"
     )
     table = markdown(results, header) + "\n\n" + cost_table(costs)

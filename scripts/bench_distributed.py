@@ -18,7 +18,7 @@ iteration; blocks drafted ahead that were used; whether the tokens equal the eng
 
 --bytes-only runs nothing: it computes from the wire encodings (wire.block_wire_bytes) the bytes of
 the draft block each iteration sends to shard rank 0 (ids + q) and to every other shard (ids only),
-for --vocab-sizes x --batch-sizes at g = --gamma.
+for --vocab-sizes x --batch-sizes at g = --g.
 """
 
 from __future__ import annotations
@@ -37,13 +37,12 @@ from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec
 from distributed_spec.models.loading import load_pair
-from distributed_spec.verify import SamplingParams
 from scripts.common import QUESTIONS, chat_ids, draft_spec
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -60,26 +59,37 @@ class Row:
 
 def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size: int) -> tuple[Row, list]:
     config = engine.config
-    engine.config = replace(config, max_new_tokens=2)
+    engine.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
     engine.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     engine.config = config
     results, stats = engine.generate_with_stats(prompts[:batch_size])
     iterations = max(stats.num_target_calls, 1)
     # The whole run, as the Ray timings (both process the prompts within the first iteration).
     total = max(stats.total_s, 1e-12)
-    shares = {"draft": stats.draft_s / total, "transfer": 0.0, "target": stats.target_s / total,
-              "verify": stats.verify_s / total, "coordinator": stats.other_s / total}
-    row = Row("engine (1 process)", batch_size, stats.tokens_per_s, 1000 * total / iterations, shares, 0.0, "-", "-")
+    shares = {
+        "draft": stats.draft_s / total,
+        "transfer": 0.0,
+        "target": stats.target_s / total,
+        "verify": stats.verify_s / total,
+        "coordinator": stats.other_s / total,
+    }
+    row = Row(
+        "engine (1 process)", batch_size, stats.tokens_per_s, 1000 * total / iterations, shares, 0.0, "-", "-"
+    )
     return row, results
 
 
 def bench_ray(
-    coordinator: RayCoordinator, runtime: RayRuntimeConfig, label: str, prompts: list[list[int]], batch_size: int,
+    coordinator: RayCoordinator,
+    runtime: RayRuntimeConfig,
+    label: str,
+    prompts: list[list[int]],
+    batch_size: int,
     reference: list,
 ) -> Row:
     coordinator.runtime = runtime
     config = coordinator.config
-    coordinator.config = replace(config, max_new_tokens=2)
+    coordinator.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
     coordinator.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     coordinator.config = config
     start = time.perf_counter()
@@ -118,7 +128,7 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], gamma: int, top_k: int) -> str:
+def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], g: int, top_k: int) -> str:
     """Markdown: the draft block's bytes per iteration for each wire encoding (computed, not measured)."""
     encodings = [
         ("float32 (CPU default)", WireFormat("float32")),
@@ -133,11 +143,11 @@ def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], gamma: int, top_
     ]
     for vocab_size in vocab_sizes:
         for batch_size in batch_sizes:
-            ids_only = block_wire_bytes(batch_size, gamma, vocab_size, WireFormat(send_probs=False))
+            ids_only = block_wire_bytes(batch_size, g, vocab_size, WireFormat(send_probs=False))
             for label, wire in encodings:
-                total = block_wire_bytes(batch_size, gamma, vocab_size, wire)
+                total = block_wire_bytes(batch_size, g, vocab_size, wire)
                 lines.append(
-                    f"| {label} | {vocab_size:,} | {batch_size} | {gamma} | {total:,} | {total / 1e6:.2f} "
+                    f"| {label} | {vocab_size:,} | {batch_size} | {g} | {total:,} | {total / 1e6:.2f} "
                     f"| {ids_only:,} |"
                 )
     return "\n".join(lines)
@@ -145,24 +155,29 @@ def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], gamma: int, top_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                        help="default: 1 8 (timing), 8 64 (--bytes-only)")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 (timing), 8 64 (--bytes-only)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--g", type=int, default=4)
     parser.add_argument("--method", default="block", choices=["block", "token", "greedy"])
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--draft", default="auto", choices=["auto", "distilled", "truncated"])
     parser.add_argument("--num-layers", type=int, default=4, help="layers of the truncated draft")
     parser.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--num-cpus", type=float, default=float(os.cpu_count() or 2),
-                        help="CPUs given to the target group (split among shards) and to the draft")
+    parser.add_argument(
+        "--num-cpus",
+        type=float,
+        default=float(os.cpu_count() or 2),
+        help="CPUs given to the target group (split among shards) and to the draft",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     parser.add_argument("--bytes-only", action="store_true", help="print the wire bytes table and exit")
     parser.add_argument("--vocab-sizes", type=int, nargs="+", default=[128_256], help="--bytes-only")
     parser.add_argument("--top-k", type=int, default=64, help="--bytes-only: the top-k encoding's k")
     args = parser.parse_args()
     if args.bytes_only:
-        print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.gamma, args.top_k))
+        print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.g, args.top_k))
         return
     args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
@@ -173,11 +188,14 @@ def main() -> None:
     while len(prompts) < max(args.batch_sizes):
         prompts += prompts
     config = EngineConfig(
-        method=args.method, gamma=args.gamma, sampling=SamplingParams(temperature=args.temperature),
-        max_new_tokens=args.max_new_tokens, max_batch_size=max(args.batch_sizes), seed=0,
+        verifier=VerifierConfig(method=args.method, num_draft_tokens=args.g),
+        sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0),
+        max_batch_size=max(args.batch_sizes),
     )
-    print(f"target smollm2, draft {draft.name}, method {args.method}, g = {args.gamma}, T = {args.temperature}, "
-          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(
+        f"target smollm2, draft {draft.name}, method {args.method}, g = {args.g}, T = {args.temperature}, "
+        f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}"
+    )
 
     rows: list[Row] = []
     engine = SpeculativeEngine(target.model, draft.model, config)
@@ -192,18 +210,35 @@ def main() -> None:
     try:
         for tp_size in args.tp_sizes:
             runtime = RayRuntimeConfig(
-                tp_size=tp_size, num_cpus_per_shard=args.num_cpus / tp_size, num_cpus_draft=args.num_cpus,
-                load_timeout_s=900, step_timeout_s=300, wire_dtype="float32",
+                tp_size=tp_size,
+                num_cpus_per_shard=args.num_cpus / tp_size,
+                num_cpus_draft=args.num_cpus,
+                load_timeout_s=900,
+                step_timeout_s=300,
+                wire_dtype="float32",
             )
-            variants = [("float32 q", runtime), ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
-                        ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True))]
+            variants = [
+                ("float32 q", runtime),
+                ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
+                ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True)),
+            ]
             start = time.perf_counter()
-            with RayCoordinator(SpecFactory(target_spec), SpecFactory(spec, target_spec), config, runtime) as coordinator:
+            with RayCoordinator(
+                SpecFactory(target_spec), SpecFactory(spec, target_spec), config, runtime
+            ) as coordinator:
                 print(f"Ray TP = {tp_size} up in {time.perf_counter() - start:.0f} s", flush=True)
                 for batch_size in args.batch_sizes:
                     for label, variant in variants:
-                        rows.append(bench_ray(coordinator, variant, f"Ray TP={tp_size}, {label}", prompts, batch_size,
-                                              references[batch_size]))
+                        rows.append(
+                            bench_ray(
+                                coordinator,
+                                variant,
+                                f"Ray TP={tp_size}, {label}",
+                                prompts,
+                                batch_size,
+                                references[batch_size],
+                            )
+                        )
                         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         ray.shutdown()

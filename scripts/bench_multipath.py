@@ -55,7 +55,7 @@ class Policy:
     proposed by the draft model or (K = 1) by an n-gram proposer (verifier.proposer)."""
 
     num_paths: int
-    gamma: int
+    g: int
     proposer: str = "model"
 
     @property
@@ -63,17 +63,17 @@ class Policy:
         if self.num_paths == 0:
             return "autoregressive"
         if self.proposer != "model":
-            return f"{self.proposer} g={self.gamma}"
-        return f"K={self.num_paths} g={self.gamma}"
+            return f"{self.proposer} g={self.g}"
+        return f"K={self.num_paths} g={self.g}"
 
     def verifier(self) -> VerifierConfig:
         if self.num_paths == 0:
-            return VerifierConfig(method="autoregressive", gamma=1, gamma_schedule="constant", max_gamma=1)
+            return VerifierConfig(method="autoregressive", num_draft_tokens=1, draft_len_schedule="constant", max_draft_len=1)
         return VerifierConfig(
             method="block",
-            gamma=self.gamma,
-            gamma_schedule="constant",
-            max_gamma=self.gamma,
+            num_draft_tokens=self.g,
+            draft_len_schedule="constant",
+            max_draft_len=self.g,
             num_paths=self.num_paths,
             proposer=self.proposer,
         )
@@ -83,7 +83,7 @@ class Policy:
 class Measurement:
     policy: str
     num_paths: int
-    gamma: int
+    g: int
     proposer: str
     temperature: float
     batch_size: int
@@ -108,8 +108,8 @@ def write_task_records(path: Path, task: str, num_records: int) -> int:
 
 def policies(args: argparse.Namespace, temperature: float) -> list[Policy]:
     paths = [k for k in args.num_paths if k == 1 or temperature > 0 or args.all_paths_at_t0]
-    grid = [Policy(0, 0)] + [Policy(k, gamma) for gamma in args.gammas for k in paths]
-    return grid + [Policy(1, gamma, proposer) for proposer in args.proposers for gamma in args.gammas]
+    grid = [Policy(0, 0)] + [Policy(k, g) for g in args.gammas for k in paths]
+    return grid + [Policy(1, g, proposer) for proposer in args.proposers for g in args.gammas]
 
 
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
@@ -163,7 +163,7 @@ def measure_one(
     measurement = Measurement(
         policy=policy.name,
         num_paths=policy.num_paths,
-        gamma=policy.gamma,
+        g=policy.g,
         proposer=policy.proposer,
         temperature=temperature,
         batch_size=batch_size,
@@ -215,7 +215,7 @@ def table(measurements: list[Measurement]) -> list[dict]:
                         "task": task,
                         "policy": policy,
                         "num_paths": runs[0].num_paths,
-                        "gamma": runs[0].gamma,
+                        "g": runs[0].g,
                         "proposer": runs[0].proposer,
                         "block_efficiency": tokens / iterations if iterations else float("nan"),
                         "target_calls": mean(
@@ -239,7 +239,7 @@ def table(measurements: list[Measurement]) -> list[dict]:
                 for other in rows
                 if other["num_paths"] == 1
                 and other["proposer"] == "model"
-                and all(other[key] == row[key] for key in ("temperature", "batch_size", "task", "gamma"))
+                and all(other[key] == row[key] for key in ("temperature", "batch_size", "task", "g"))
             ),
             None,
         )
@@ -296,8 +296,8 @@ def plot(rows: list[dict], out: Path) -> Path:
         for metric, ax in zip(("block_efficiency", "speedup"), axes[:, column]):
             if metric == "speedup":
                 ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="autoregressive")
-            series = {f"g={gamma}": [(r["num_paths"], r[metric]) for r in cell if r["gamma"] == gamma]
-                      for gamma in sorted({r["gamma"] for r in cell})}
+            series = {f"g={g}": [(r["num_paths"], r[metric]) for r in cell if r["g"] == g]
+                      for g in sorted({r["g"] for r in cell})}
             ylabel = "block efficiency" if metric == "block_efficiency" else "speedup over autoregressive"
             plot_lines(ax, series, f"T={temperature:g}, B={batch_size}", "draft paths K", ylabel, log2_x=True)
     return save_figure(fig, out / "multipath.png")

@@ -50,7 +50,7 @@ def token_acceptance(p_dense: torch.Tensor, q_dense: torch.Tensor) -> float:
 def block_efficiencies(
     p_dense: torch.Tensor,
     q_dense: torch.Tensor,
-    gamma: int,
+    g: int,
     path_counts: tuple[int, ...],
     num_rows: int,
     generator: torch.Generator,
@@ -60,10 +60,10 @@ def block_efficiencies(
     p_dense, q_dense: [sum_{i<=g} V^i, V] tables of every prefix (tests/verify/batched.dense_table).
     """
     most = max(path_counts)
-    blocks = [sample_block_inputs(p_dense, q_dense, num_rows, gamma, generator) for _ in range(most)]
+    blocks = [sample_block_inputs(p_dense, q_dense, num_rows, g, generator) for _ in range(most)]
     draft_ids, draft_probs, target_probs = (torch.stack(parts, dim=1) for parts in zip(*blocks))
-    uniforms = draw_multipath_uniforms(num_rows, most, gamma, generator)
-    n = torch.full((num_rows,), gamma)
+    uniforms = draw_multipath_uniforms(num_rows, most, g, generator)
+    n = torch.full((num_rows,), g)
     result = {}
     for k in path_counts:
         output = verify_multipath(
@@ -83,7 +83,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--vocab", type=int, default=8)
-    parser.add_argument("--gamma", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--g", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--paths", type=int, nargs="+", default=list(PATH_COUNTS))
     parser.add_argument("--mix", type=float, nargs="+", default=[0.3, 0.6, 0.9])
     parser.add_argument("--concentration", type=float, default=0.5)
@@ -97,15 +97,15 @@ def main() -> None:
     )
     print("| a | acceptance | g | " + " | ".join(f"K = {k}" for k in path_counts) + " | ratio |")
     print("|---|---|---|" + "---|" * len(path_counts) + "---|")
-    for mix, gamma in itertools.product(args.mix, args.gamma):
+    for mix, g in itertools.product(args.mix, args.g):
         p, q = synthetic_pair(args.vocab, mix, args.concentration, args.seed)
-        p_dense, q_dense = (dense_table(table, (), args.vocab, gamma) for table in (p, q))
+        p_dense, q_dense = (dense_table(table, (), args.vocab, g) for table in (p, q))
         generator = torch.Generator().manual_seed(args.seed)
-        cells = block_efficiencies(p_dense, q_dense, gamma, path_counts, args.rows, generator)
+        cells = block_efficiencies(p_dense, q_dense, g, path_counts, args.rows, generator)
         ratio = max(mean for mean, _ in cells.values()) / cells[path_counts[0]][0]
         row = " | ".join(f"{mean:.3f} +- {se:.3f}" for mean, se in cells.values())
         print(
-            f"| {mix} | {token_acceptance(p_dense, q_dense):.3f} | {gamma} | {row} | {ratio:.2f} |",
+            f"| {mix} | {token_acceptance(p_dense, q_dense):.3f} | {g} | {row} | {ratio:.2f} |",
             flush=True,
         )
 

@@ -57,9 +57,9 @@ class Policy:
 
     name: str
     method: str = "block"
-    gamma_schedule: str = "constant"
-    gamma: int = 4
-    max_gamma: int = 4
+    draft_len_schedule: str = "constant"
+    g: int = 4
+    max_draft_len: int = 4
     confidence: float = 0.0
     # verifier.proposer: model, ngram or model+ngram.
     proposer: str = "model"
@@ -67,9 +67,9 @@ class Policy:
     def verifier(self) -> VerifierConfig:
         return VerifierConfig(
             method=self.method,
-            gamma=self.gamma,
-            gamma_schedule=self.gamma_schedule,
-            max_gamma=max(self.max_gamma, self.gamma),
+            num_draft_tokens=self.g,
+            draft_len_schedule=self.draft_len_schedule,
+            max_draft_len=max(self.max_draft_len, self.g),
             draft_confidence_threshold=self.confidence,
             proposer=self.proposer,
         )
@@ -107,20 +107,20 @@ def write_records(path: Path, num_records: int) -> None:
 
 def policies(args: argparse.Namespace) -> list[Policy]:
     top = max(args.gammas)
-    result = [Policy("autoregressive", method="autoregressive", gamma=1, max_gamma=1)]
-    result += [Policy(f"g={gamma}", gamma=gamma, max_gamma=gamma) for gamma in args.gammas]
+    result = [Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1)]
+    result += [Policy(f"g={g}", g=g, max_draft_len=g) for g in args.gammas]
     if args.confidence:
         result += [
-            Policy(f"g={gamma} conf{args.confidence}", gamma=gamma, max_gamma=gamma, confidence=args.confidence)
-            for gamma in args.gammas
+            Policy(f"g={g} conf{args.confidence}", g=g, max_draft_len=g, confidence=args.confidence)
+            for g in args.gammas
         ]
-    result.append(Policy("goodput", gamma_schedule="goodput", gamma=1, max_gamma=top))
+    result.append(Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=top))
     if "model" not in args.proposers:
         result = result[:1]
     for proposer in (name for name in args.proposers if name != "model"):
         # Blocks from n-grams (or n-grams where they match, else the model): fixed g and goodput.
-        result += [Policy(f"g={gamma} {proposer}", gamma=gamma, max_gamma=gamma, proposer=proposer) for gamma in args.gammas]
-        result.append(Policy(f"goodput {proposer}", gamma_schedule="goodput", gamma=1, max_gamma=top, proposer=proposer))
+        result += [Policy(f"g={g} {proposer}", g=g, max_draft_len=g, proposer=proposer) for g in args.gammas]
+        result.append(Policy(f"goodput {proposer}", draft_len_schedule="goodput", g=1, max_draft_len=top, proposer=proposer))
     return result
 
 

@@ -80,16 +80,16 @@ def settings(args: argparse.Namespace, impl: str) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- torch
 
 
-def torch_point(batch_size: int, gamma: int, vocab_size: int, methods: list[str], iters: int) -> dict[str, float]:
+def torch_point(batch_size: int, g: int, vocab_size: int, methods: list[str], iters: int) -> dict[str, float]:
     """Seconds per call of each method from probabilities, and of token/block from logits."""
     generator = torch.Generator().manual_seed(0)
-    target_logits = torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 3
-    draft_logits = target_logits[:, :gamma] + torch.randn(batch_size, gamma, vocab_size, generator=generator)
+    target_logits = torch.randn(batch_size, g + 1, vocab_size, generator=generator) * 3
+    draft_logits = target_logits[:, :g] + torch.randn(batch_size, g, vocab_size, generator=generator)
     params = SamplingParams(temperature=1.0)
     draft_probs = logits_to_probs(draft_logits, params)
-    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(batch_size, gamma)
+    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(batch_size, g)
     target_probs = logits_to_probs(target_logits, params)
-    uniforms = draw_uniforms(batch_size, gamma, generator)
+    uniforms = draw_uniforms(batch_size, g, generator)
     calls = {}
     for method in methods:
         calls[method] = lambda m=method: verify(m, draft_ids, draft_probs, target_probs, None, uniforms)
@@ -106,16 +106,16 @@ def run_torch(args: argparse.Namespace) -> tuple[str, Comparable]:
     columns = ["B", "g", "V", *args.methods, *(["block/token"] if ratio else [])]
     columns += [f"{m} (from logits)" for m in sampled] + (["block/token (from logits)"] if ratio else [])
     rows, comparable = [], {}
-    for batch_size, gamma, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
-        t = {k: v * 1e6 for k, v in torch_point(batch_size, gamma, vocab_size, args.methods, args.iters).items()}
-        row = [batch_size, gamma, vocab_size, *(f"{t[m]:.0f}" for m in args.methods)]
+    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
+        t = {k: v * 1e6 for k, v in torch_point(batch_size, g, vocab_size, args.methods, args.iters).items()}
+        row = [batch_size, g, vocab_size, *(f"{t[m]:.0f}" for m in args.methods)]
         row += [f"{t['block'] / t['token']:.2f}"] if ratio else []
         row += [f"{t[f'{m}_from_logits']:.0f}" for m in sampled]
         row += [f"{t['block_from_logits'] / t['token_from_logits']:.2f}"] if ratio else []
         rows.append(row)
         print(markdown_table(columns, [row]).splitlines()[-1], flush=True)
         for method in args.methods:
-            comparable[(method, batch_size, gamma, vocab_size)] = {"torch (min)": t[f"{method}_from_logits"] / 1e6}
+            comparable[(method, batch_size, g, vocab_size)] = {"torch (min)": t[f"{method}_from_logits"] / 1e6}
     title = (f"torch {torch.__version__}, {args.threads} threads, best of {args.iters} calls, microseconds per call; "
              "from logits: the target's softmax included")
     return title + "\n\n" + markdown_table(columns, rows), comparable
@@ -124,16 +124,16 @@ def run_torch(args: argparse.Namespace) -> tuple[str, Comparable]:
 # ----------------------------------------------------------------------------- triton
 
 
-def triton_inputs(batch_size: int, gamma: int, vocab_size: int, params: SamplingParams, device: str, generator):
+def triton_inputs(batch_size: int, g: int, vocab_size: int, params: SamplingParams, device: str, generator):
     """bf16 target logits [B, g+1, V], draft ids [B, g] sampled from q, fp32 q [B, g, V], uniforms."""
-    target_logits = (torch.randn(batch_size, gamma + 1, vocab_size, device=device, generator=generator) * 3).bfloat16()
-    draft_logits = target_logits[:, :gamma].float() + torch.randn(
-        batch_size, gamma, vocab_size, device=device, generator=generator
+    target_logits = (torch.randn(batch_size, g + 1, vocab_size, device=device, generator=generator) * 3).bfloat16()
+    draft_logits = target_logits[:, :g].float() + torch.randn(
+        batch_size, g, vocab_size, device=device, generator=generator
     )
     draft_probs = logits_to_probs(draft_logits, params)
-    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(batch_size, gamma)
-    draws = torch.rand(batch_size, gamma + 1, device=device, dtype=torch.float64, generator=generator)
-    return target_logits, draft_ids, draft_probs, VerifyUniforms(draws[:, :gamma], draws[:, gamma])
+    draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(batch_size, g)
+    draws = torch.rand(batch_size, g + 1, device=device, dtype=torch.float64, generator=generator)
+    return target_logits, draft_ids, draft_probs, VerifyUniforms(draws[:, :g], draws[:, g])
 
 
 def triton_point(triton_block, method: str, inputs, params: SamplingParams, args, sync) -> tuple[dict, float]:
@@ -167,14 +167,14 @@ def run_triton(args: argparse.Namespace) -> tuple[str, Comparable]:
     methods = [m for m in args.methods if m != "greedy"]  # the kernel does block and token verification
     columns = ["method", "B", "g", "V", "torch ms", "fused ms", "fused + checks ms", "speedup", "tau agree"]
     rows, comparable = [], {}
-    for batch_size, gamma, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
-        inputs = triton_inputs(batch_size, gamma, vocab_size, params, device, generator)
+    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
+        inputs = triton_inputs(batch_size, g, vocab_size, params, device, generator)
         for method in methods:
             t, agree = triton_point(triton_block, method, inputs, params, args, sync)
-            rows.append([method, batch_size, gamma, vocab_size, f"{t['torch'] * 1e3:.3f}", f"{t['fused'] * 1e3:.3f}",
+            rows.append([method, batch_size, g, vocab_size, f"{t['torch'] * 1e3:.3f}", f"{t['fused'] * 1e3:.3f}",
                          f"{t['checked'] * 1e3:.3f}", f"{t['torch'] / t['fused']:.2f}x", f"{agree:.3f}"])
             print(markdown_table(columns, [rows[-1]]).splitlines()[-1], flush=True)
-            comparable[(method, batch_size, gamma, vocab_size)] = {"triton fused (median)": t["fused"]}
+            comparable[(method, batch_size, g, vocab_size)] = {"triton fused (median)": t["fused"]}
         del inputs  # free the device memory before the next size
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter smoke run)"
     title = (f"Fused Triton vs torch verification on {where}: bf16 logits, fp32 draft probs, top_k={args.top_k}, "
@@ -191,21 +191,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def parallel_inputs(batch_size: int, gamma: int, shard, full_draft: bool):
+def parallel_inputs(batch_size: int, g: int, shard, full_draft: bool):
     """Seeded per configuration: the same draft ids and uniforms on every rank, this rank's logits.
 
     Returns target_logits [B, g+1, V/tp], draft_ids [B, g], draft_probs [B, g, V/tp] (or [B, g, V]
     on rank 0 when full_draft), uniforms.
     """
-    common = torch.Generator().manual_seed(1000 * batch_size + gamma)
-    draft_ids = torch.randint(0, shard.vocab_size, (batch_size, gamma), generator=common)
-    eta = torch.rand(batch_size, gamma, generator=common, dtype=torch.float64)
+    common = torch.Generator().manual_seed(1000 * batch_size + g)
+    draft_ids = torch.randint(0, shard.vocab_size, (batch_size, g), generator=common)
+    eta = torch.rand(batch_size, g, generator=common, dtype=torch.float64)
     u = torch.rand(batch_size, generator=common, dtype=torch.float64)
     local = torch.Generator().manual_seed(7 + shard.rank)
-    target_logits = torch.randn(batch_size, gamma + 1, shard.num_ids, generator=local) * 3
+    target_logits = torch.randn(batch_size, g + 1, shard.num_ids, generator=local) * 3
     draft_width = shard.vocab_size if full_draft else shard.num_ids
     # q of mass about 1 over V: the rule's work does not depend on its shape.
-    draft_probs = torch.rand(batch_size, gamma, draft_width, generator=local).mul_(2.0 / shard.vocab_size)
+    draft_probs = torch.rand(batch_size, g, draft_width, generator=local).mul_(2.0 / shard.vocab_size)
     return target_logits, draft_ids, draft_probs, VerifyUniforms(eta, u)
 
 
@@ -247,11 +247,11 @@ def _timed_collective(fn, iters: int) -> tuple[float, int]:
     return min(times), int(total.item())
 
 
-def parallel_config(method: str, batch_size: int, gamma: int, shard, params: SamplingParams, iters: int) -> dict:
+def parallel_config(method: str, batch_size: int, g: int, shard, params: SamplingParams, iters: int) -> dict:
     """Both paths at one (method, B, g, V); every rank calls it, rank 0's row is the result."""
     from distributed_spec.verify_parallel import verify_vocab_parallel
 
-    target_logits, draft_ids, draft_probs, uniforms = parallel_inputs(batch_size, gamma, shard, full_draft=False)
+    target_logits, draft_ids, draft_probs, uniforms = parallel_inputs(batch_size, g, shard, full_draft=False)
 
     def parallel():
         shard.bytes_received = 0
@@ -259,19 +259,19 @@ def parallel_config(method: str, batch_size: int, gamma: int, shard, params: Sam
         return shard.bytes_received
 
     parallel_s, parallel_bytes = _timed_collective(parallel, iters)
-    full_draft = parallel_inputs(batch_size, gamma, shard, full_draft=True)[2] if shard.rank == 0 else None
+    full_draft = parallel_inputs(batch_size, g, shard, full_draft=True)[2] if shard.rank == 0 else None
     gather_s, gather_bytes = _timed_collective(
         lambda: gather_then_verify(method, target_logits, draft_ids, full_draft, uniforms, params, shard), iters
     )
     tp_size = shard.world_size
     return dict(
-        method=method, tp=tp_size, B=batch_size, g=gamma, V=shard.vocab_size,
+        method=method, tp=tp_size, B=batch_size, g=g, V=shard.vocab_size,
         gather_s=gather_s, parallel_s=parallel_s, gather_bytes=gather_bytes, parallel_bytes=parallel_bytes,
         # Busiest rank: rank 0 receives every other shard's logits and all of q.
-        gather_inbound=batch_size * gamma * shard.vocab_size * FLOAT_BYTES
-        + (tp_size - 1) * batch_size * (gamma + 1) * shard.max_shard_size * FLOAT_BYTES,
+        gather_inbound=batch_size * g * shard.vocab_size * FLOAT_BYTES
+        + (tp_size - 1) * batch_size * (g + 1) * shard.max_shard_size * FLOAT_BYTES,
         # Every rank: its q slice and its share of the collectives (they are symmetric).
-        parallel_inbound=batch_size * gamma * shard.max_shard_size * FLOAT_BYTES + parallel_bytes // tp_size,
+        parallel_inbound=batch_size * g * shard.max_shard_size * FLOAT_BYTES + parallel_bytes // tp_size,
     )
 
 
@@ -285,8 +285,8 @@ def _parallel_worker(rank: int, tp_size: int, port: int, grid: dict, results) ->
     params = SamplingParams()
     for vocab_size in grid["vocab_sizes"]:
         shard = VocabShard(vocab_size)
-        for method, batch_size, gamma in itertools.product(grid["methods"], grid["batch_sizes"], grid["gammas"]):
-            row = parallel_config(method, batch_size, gamma, shard, params, grid["iters"])
+        for method, batch_size, g in itertools.product(grid["methods"], grid["batch_sizes"], grid["gammas"]):
+            row = parallel_config(method, batch_size, g, shard, params, grid["iters"])
             if rank == 0:
                 results.put(row)
     dist.destroy_process_group()
@@ -358,7 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=["torch"], help="implementations to time")
     grid = parser.add_argument_group("grid (left out: each implementation's DEFAULTS)")
     grid.add_argument("--batch-sizes", "--batch", type=int, nargs="+", default=None)
-    grid.add_argument("--gammas", "--gamma", type=int, nargs="+", default=None, help="draft tokens per row")
+    grid.add_argument("--gammas", "--g", type=int, nargs="+", default=None, help="draft tokens per row")
     grid.add_argument("--vocab-sizes", "--vocab", "--vocab-size", type=int, nargs="+", default=None)
     grid.add_argument("--methods", "--method", nargs="+", choices=["token", "block", "greedy"], default=None,
                       help="verification rules (triton and vocab_parallel: block and token)")

@@ -32,7 +32,10 @@ def gpu_memory() -> str:
     try:
         result = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError) as error:
         return f"nvidia-smi failed: {error}"
@@ -47,7 +50,10 @@ def check_backend_selection() -> tuple[bool, str]:
     ok = runtime.device == "cuda" and runtime.backend == "nccl"
     connect(None)
     config, plan, assignment = plan_runtime(runtime, cluster_nodes())
-    return ok, f"device=auto -> {runtime.device}/{runtime.backend}; plan: {format_plan(config, plan, cluster_nodes(), assignment)}"
+    return (
+        ok,
+        f"device=auto -> {runtime.device}/{runtime.backend}; plan: {format_plan(config, plan, cluster_nodes(), assignment)}",
+    )
 
 
 def run_pair(name: str, target_factory, draft_factory, local_target, local_draft, prompts) -> list[str]:
@@ -55,10 +61,12 @@ def run_pair(name: str, target_factory, draft_factory, local_target, local_draft
     import ray
 
     from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
-    from distributed_spec.engine import EngineConfig, SpeculativeEngine
-    from distributed_spec.verify import SamplingParams
+    from distributed_spec.engine import EngineConfig, SamplingConfig, SpeculativeEngine, VerifierConfig
 
-    config = EngineConfig(method="block", gamma=4, sampling=SamplingParams(temperature=0.0), max_new_tokens=GREEDY_TOKENS)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=4),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=GREEDY_TOKENS),
+    )
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     expected = SpeculativeEngine(local_target, local_draft, config).generate(prompts)
@@ -66,7 +74,9 @@ def run_pair(name: str, target_factory, draft_factory, local_target, local_draft
     local_peak = torch.cuda.max_memory_allocated() / 2**20
     del local_target, local_draft
     torch.cuda.empty_cache()
-    runtime = RayRuntimeConfig(tp_size=1, device="cuda", backend="nccl", num_gpus_draft=0.1, load_timeout_s=300)
+    runtime = RayRuntimeConfig(
+        tp_size=1, device="cuda", backend="nccl", num_gpus_draft=0.1, load_timeout_s=300
+    )
     with RayCoordinator(target_factory, draft_factory, config, runtime) as coordinator:
         start = time.perf_counter()
         actual = coordinator.generate(prompts)
@@ -119,7 +129,12 @@ def default_pair() -> list[str]:
         for text in ("What is the capital of France?", "Write a Python function that adds two numbers.")
     ]
     return run_pair(
-        "smollm2", SpecFactory(target_spec), SpecFactory(draft_spec, target_spec), target.model, draft.model, prompts
+        "smollm2",
+        SpecFactory(target_spec),
+        SpecFactory(draft_spec, target_spec),
+        target.model,
+        draft.model,
+        prompts,
     )
 
 

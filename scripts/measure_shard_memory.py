@@ -31,9 +31,9 @@ from distributed_spec.distributed.group import launch, teardown
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.shard_loading import tensor_files
 from distributed_spec.engine import EngineConfig
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec
 from distributed_spec.models.loading import checkpoint_dir
-from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ def full_weight_bytes(spec: ModelSpec) -> int:
 def measure(factory: SpecFactory, tp_size: int) -> list[dict[str, int]]:
     """Launch the shard group alone, return each shard's reported memory, tear it down."""
     config = RayRuntimeConfig(tp_size=tp_size, num_cpus_per_shard=1.0, load_timeout_s=1800.0)
-    engine = EngineConfig(method="autoregressive", sampling=SamplingParams(temperature=0.0))
+    engine = EngineConfig(
+        verifier=VerifierConfig(method="autoregressive"), sampling=SamplingConfig(temperature=0.0)
+    )
     actors = launch(config, engine, factory, None, draft_seed=0)
     try:
         return actors.shard_memory
@@ -90,9 +92,13 @@ def report(label: str, shards: list[dict[str, int]], full_bytes: int) -> list[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="target source (smollm2, hub id, directory, .gguf)")
+    parser.add_argument(
+        "--model", default="smollm2", help="target source (smollm2, hub id, directory, .gguf)"
+    )
     parser.add_argument("--tp-size", type=int, default=2)
-    parser.add_argument("--compare-full", action="store_true", help="also measure the build-whole-then-cut path")
+    parser.add_argument(
+        "--compare-full", action="store_true", help="also measure the build-whole-then-cut path"
+    )
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -109,7 +115,9 @@ def main() -> None:
     finally:
         ray.shutdown()
     if args.out:
-        args.out.write_text(json.dumps({"model": args.model, "full_bytes": full_bytes, "rows": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"model": args.model, "full_bytes": full_bytes, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

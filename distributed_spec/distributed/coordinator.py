@@ -1,7 +1,7 @@
 """RayCoordinator: the Ray runtime as an executor of the engine's scheduler.
 
     from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
-    with RayCoordinator(target_factory, draft_factory, EngineConfig(method="block", gamma=4),
+    with RayCoordinator(target_factory, draft_factory, EngineConfig(method="block", g=4),
                         RayRuntimeConfig(tp_size=2)) as coordinator:
         results, stats = coordinator.generate_with_stats([[1, 2, 3], [4, 5]])
 
@@ -131,10 +131,10 @@ class RayCoordinator:
         runtime: RayRuntimeConfig,
         tokenizer=None,
     ) -> None:
-        if config.uses_draft_model and draft_factory is None:
+        if config.verifier.uses_draft_model and draft_factory is None:
             raise ValueError(
-                f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
-                "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
+                f"verifier.method={config.verifier.method!r} with verifier.proposer={config.verifier.proposer!r} needs a draft "
+                "model; set verifier.proposer=ngram (no draft model) or verifier.method=autoregressive"
             )
         _require_one_path(config)
         self.config = config
@@ -177,7 +177,7 @@ class RayCoordinator:
                 self.config,
                 self.target_factory,
                 self.draft_factory,
-                draft_seed=self.config.seed + 7919 * (self._num_launches + 1),
+                draft_seed=self.config.sampling.seed + 7919 * (self._num_launches + 1),
             )
             self._num_launches += 1
         return self
@@ -328,23 +328,23 @@ class RayCoordinator:
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
         # A launched draft sits idle while no draft model is used (the autoregressive baseline, n-grams).
-        draft = actors.draft if self.config.uses_draft_model else None
-        model_gamma = plan.num_model_drafts if draft is not None else 0
+        draft = actors.draft if self.config.verifier.uses_draft_model else None
+        model_g = plan.num_model_drafts if draft is not None else 0
         if draft is not None:
             draft_request = DraftRequest(
                 keep_rows=plan.keep_rows,
                 new_prompts=plan.new_prompts,
                 decoding=plan.decoding,
-                gamma=model_gamma,
-                draft_uniforms=plan.draft_uniforms[:, :model_gamma],
+                g=model_g,
+                draft_uniforms=plan.draft_uniforms[:, :model_g],
                 sampling=plan.sampling,
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
             )
             verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
-        if model_gamma == 0:
+        if model_g == 0:
             # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
-            ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.gamma > 0 else None
+            ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.g > 0 else None
             if ngram_ids is None:
                 ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
             verifier_block = point_mass_block(ngram_ids, actors.vocab_size, self._wire)
@@ -357,8 +357,8 @@ class RayCoordinator:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
             # Drafting ahead assumes the draft drafted every row's block (no n-gram rows).
             model_only = plan.from_ngram is None or not bool(plan.from_ngram.any())
-            if self.runtime.overlap and model_gamma > 0 and plan.next_gamma_guess > 0 and same_rows and model_only:
-                draft.propose_ahead.remote(plan.next_gamma_guess)
+            if self.runtime.overlap and model_g > 0 and plan.next_g_guess > 0 and same_rows and model_only:
+                draft.propose_ahead.remote(plan.next_g_guess)
             draft.commit.remote(result_refs[0])
         self._step_refs = result_refs
         submitted = time.perf_counter()
@@ -452,9 +452,9 @@ class RayCoordinator:
 
 
 def _require_one_path(config: EngineConfig) -> None:
-    if config.num_paths > 1:
+    if config.verifier.num_paths > 1:
         raise ValueError(
-            f"engine.num_paths={config.num_paths}: multi-path drafting runs in the local runtime only "
+            f"verifier.num_paths={config.verifier.num_paths}: multi-path drafting runs in the local runtime only "
             "(verifier.num_paths=1 with parallel=ray)"
         )
 
@@ -465,10 +465,10 @@ def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig, device: str
     wire = WireFormat(
         dtype=resolve_wire_dtype(runtime.wire_dtype, device),
         top_k=runtime.wire_top_k,
-        send_probs=config.method != "greedy",
+        send_probs=config.verifier.method != "greedy",
     )
     return DecodeSettings(
-        method=config.method,
+        method=config.verifier.method,
         wire=wire,
-        draft_confidence_threshold=config.draft_confidence_threshold,
+        draft_confidence_threshold=config.verifier.draft_confidence_threshold,
     )

@@ -35,7 +35,7 @@ def propose_on_wire(
     draft: ModelRunner,
     draft_input_ids: torch.Tensor,
     draft_input_mask: torch.Tensor,
-    gamma: int,
+    g: int,
     sampling: RowSampling,
     draft_uniforms: torch.Tensor,
     wire: WireFormat,
@@ -59,7 +59,7 @@ def propose_on_wire(
         return sampled_probs
 
     draft_ids, _, num_drafted = propose(
-        draft, draft_input_ids, draft_input_mask, gamma, sampling, draft_uniforms, to_sampled, confidence_threshold
+        draft, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms, to_sampled, confidence_threshold
     )
     stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
     return draft_ids, torch.stack(values, dim=1), stacked_ids, num_drafted
@@ -74,8 +74,8 @@ class _AheadBlock:
     # [B, g'] long.
     draft_ids: torch.Tensor
     block: DraftBlock
-    # The block length it was drafted for (g' < gamma after a confidence stop).
-    gamma: int
+    # The block length it was drafted for (g' < g after a confidence stop).
+    g: int
 
 
 class DraftWorker:
@@ -127,7 +127,7 @@ class DraftWorker:
 
     def step(self, request: DraftRequest) -> tuple[DraftBlock | None, DraftBlock | None]:
         """Apply the last verdict and the row changes; return the next block twice: whole (for shard
-        rank 0, the verifier) and without q (for the other shards). (None, None) when request.gamma
+        rank 0, the verifier) and without q (for the other shards). (None, None) when request.g
         is 0: the step runs without a draft."""
         start = time.perf_counter()
         discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
@@ -136,8 +136,8 @@ class DraftWorker:
         self.sampling = request.sampling
         has_ngram_rows = request.from_ngram is not None and bool(request.from_ngram.any())
         self.from_ngram = request.from_ngram.to(self.device) if has_ngram_rows else None
-        self.num_model_drafts = request.gamma
-        if request.gamma == 0:
+        self.num_model_drafts = request.g
+        if request.g == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
             self.side.catch_up()
             return None, None
@@ -148,7 +148,7 @@ class DraftWorker:
             self.runner,
             self.side.pending_ids,
             self.side.pending_mask * self.decoding[:, None].long(),
-            request.gamma,
+            request.g,
             request.sampling,
             request.draft_uniforms,
             self.wire,
@@ -193,20 +193,20 @@ class DraftWorker:
         num_drafted = torch.where(model_rows, num_drafted, width)
         return combined_ids, combined_values, ids, num_drafted
 
-    def propose_ahead(self, gamma: int) -> None:
+    def propose_ahead(self, g: int) -> None:
         """Draft block k+1 (g tokens) while block k is verified, assuming block k is accepted whole."""
         start = time.perf_counter()
         batch_size = self.draft_ids.shape[0]
         # Feed X_g (never fed by propose) to get q_{g+1}, then guess the bonus token from it.
         logits = self.runner.forward_tokens(self.draft_ids[:, -1:])[:, 0]  # [B, V]
-        uniforms = torch.rand(batch_size, gamma + 1, generator=self.generator, dtype=torch.float64)
+        uniforms = torch.rand(batch_size, g + 1, generator=self.generator, dtype=torch.float64)
         sampled_probs, _, _ = sample_view(logits_to_probs(logits, self.sampling), self.wire)
         guess_ids = sample_from_probs(sampled_probs, uniforms[:, 0].to(sampled_probs.device))  # [B]
         draft_ids, values, ids, num_drafted = propose_on_wire(
             self.runner,
             guess_ids[:, None],
             torch.ones_like(guess_ids[:, None]),
-            gamma,
+            g,
             self.sampling,
             uniforms[:, 1:],
             self.wire,
@@ -214,7 +214,7 @@ class DraftWorker:
         )
         block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.from_overlap = True
-        self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block, gamma=gamma)
+        self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block, g=g)
 
     def commit(self, result: StepResult) -> None:
         """Remember rank 0's verdict; it is applied at the next `step`, which knows the kept rows."""
@@ -245,18 +245,18 @@ class DraftWorker:
                         self.from_ngram, self.num_model_drafts,
                     )
             else:
-                verified_gamma = self.draft_ids.shape[1]
-                hit = (accepted_counts == verified_gamma) & (next_tokens == ahead.guess_ids)  # [B]
+                verified_g = self.draft_ids.shape[1]
+                hit = (accepted_counts == verified_g) & (next_tokens == ahead.guess_ids)  # [B]
                 kept_hit = hit if keep_rows is None else hit[keep_rows.to(self.device)]
                 same_rows = not request.new_prompts and bool(request.decoding.all())
                 # Drafted for every row: not usable once some rows' blocks come from n-grams.
                 model_only = request.from_ngram is None or not bool(request.from_ngram.any())
                 # Host sync: whether the block drafted ahead is usable decides what to run next.
-                if same_rows and model_only and bool(kept_hit.all()) and ahead.gamma == request.gamma:
+                if same_rows and model_only and bool(kept_hit.all()) and ahead.g == request.g:
                     usable = ahead
                 else:
                     # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.
-                    num_new_slots = verified_gamma + ahead.draft_ids.shape[1]
+                    num_new_slots = verified_g + ahead.draft_ids.shape[1]
                     self.runner.rollback(accepted_counts, num_new_slots)
                     self.side.pending_ids = torch.stack([self.draft_ids[:, -1], next_tokens], dim=1)  # [B, 2]
                     self.side.pending_mask = torch.stack(
@@ -295,7 +295,7 @@ def _select_rows(ahead: _AheadBlock, keep_rows: torch.Tensor) -> _AheadBlock:
     return _AheadBlock(
         guess_ids=ahead.guess_ids[keep_rows],
         draft_ids=ahead.draft_ids[keep_rows],
-        gamma=ahead.gamma,
+        g=ahead.g,
         block=DraftBlock(
             draft_ids=block.draft_ids[cpu_rows],
             probs_values=None if block.probs_values is None else block.probs_values[cpu_rows],

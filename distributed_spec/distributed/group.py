@@ -141,7 +141,7 @@ def launch(
             for slot in plan.shards
         ]
         draft = None
-        if engine.uses_draft_model:
+        if engine.verifier.uses_draft_model:
             slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
@@ -173,13 +173,13 @@ def launch(
                 config.device,
                 config.backend,
                 config.step_timeout_s,
-                engine.compact_fraction,
+                engine.scheduling.compact_fraction,
             )
             for shard, placement in zip(shards, placements)
         ]
         if draft is not None:
             load_refs.append(
-                draft.load.remote(draft_factory, plan.draft_device, engine.compact_fraction, draft_seed)
+                draft.load.remote(draft_factory, plan.draft_device, engine.scheduling.compact_fraction, draft_seed)
             )
         # Host sync: nothing can be prefilled before every model is loaded.
         loaded = _get_within_load_timeout(load_refs, config)

@@ -56,7 +56,7 @@ class DraftRequest:
     decoding: torch.Tensor
     # Draft tokens to propose per row; 0: the draft model does not run in this step (an autoregressive
     # step, or every proposing row's block comes from n-grams).
-    gamma: int
+    g: int
     # [B, g] float64: the draft's sampling uniforms.
     draft_uniforms: torch.Tensor
     # Each row's sampling settings, as in StepRequest (the draft warps q with them).

@@ -118,7 +118,7 @@ class TargetShard:
         prefill_before = (self.runner.prefill_apart_s, self.runner.num_prefill_apart_tokens)
         self.side.update_rows(request.keep_rows, request.new_prompts)
         draft_ids = block.draft_ids.to(self.device)  # [B, g]
-        gamma = draft_ids.shape[1]
+        g = draft_ids.shape[1]
         decoding = request.decoding.to(self.device)  # [B]
         num_draft_tokens = request.num_draft_tokens  # [B]
         if block.num_drafted is not None:
@@ -133,7 +133,7 @@ class TargetShard:
                 self.method,
                 request.sampling,
                 draft_ids,
-                unpack_probs(block, self.device) if gamma > 0 else None,
+                unpack_probs(block, self.device) if g > 0 else None,
                 target_logits,
                 num_draft_tokens,
                 request.eta,
@@ -142,7 +142,7 @@ class TargetShard:
         if self.world_size > 1:
             dist.broadcast(verdict, src=0)
         accepted_counts, next_tokens = verdict[0], verdict[1]
-        self.side.commit(accepted_counts, next_tokens, decoding, gamma)
+        self.side.commit(accepted_counts, next_tokens, decoding, g)
         self._synchronize()
         if self.rank != 0:
             return None

@@ -90,11 +90,11 @@ class DraftBlock:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def block_wire_bytes(batch_size: int, gamma: int, vocab_size: int, wire: WireFormat) -> int:
+def block_wire_bytes(batch_size: int, g: int, vocab_size: int, wire: WireFormat) -> int:
     """Bytes of the tensors of one DraftBlock as rank 0 receives it (`DraftBlock.num_wire_bytes`):
     draft ids [B, g] int64, plus q: [B, g, V] in the wire dtype, or top-k values [B, g, k] and int32
     ids. The other shards receive the ids alone."""
-    num_ids = batch_size * gamma
+    num_ids = batch_size * g
     if not wire.send_probs:
         return num_ids * 8
     value_bytes = torch.empty(0, dtype=WIRE_TORCH_DTYPES[wire.dtype]).element_size()

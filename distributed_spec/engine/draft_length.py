@@ -2,14 +2,14 @@
 
     from distributed_spec.engine.draft_length import draft_confidence, next_draft_length
 
-Three schedules (EngineConfig.gamma_schedule) set g before a block is drafted (the scheduler,
+Three schedules (EngineConfig.draft_len_schedule) set g before a block is drafted (the scheduler,
 scheduler.py, applies them; every row's g is clipped so it never verifies past its token budget):
-- "constant": every row drafts g = EngineConfig.gamma tokens per step.
-- "adaptive": each row keeps its own g, starting at EngineConfig.gamma; after a step it grows by 2
-  when the row kept its whole block and shrinks by 1 otherwise, within [1, max_gamma] (Hugging
+- "constant": every row drafts g = verifier.num_draft_tokens tokens per step.
+- "adaptive": each row keeps its own g, starting at verifier.num_draft_tokens; after a step it grows by 2
+  when the row kept its whole block and shrinks by 1 otherwise, within [1, max_draft_len] (Hugging
   Face's "heuristic" assistant schedule). A step drafts the longest row's g; each row verifies its
   own g only, so its tokens do not depend on the rows that share its batch.
-- "goodput": each step, the g in {0, ..., max_gamma} with the most expected tokens per second
+- "goodput": each step, the g in {0, ..., max_draft_len} with the most expected tokens per second
   (goodput.py); 0 is a plain decoding step without the draft.
 
 Within a block, a confidence stop (EngineConfig.draft_confidence_threshold > 0, as in Hugging Face's
@@ -28,21 +28,19 @@ import torch
 
 from distributed_spec.verify import RowSampling, Sampling
 
-GAMMA_SCHEDULES = ("constant", "adaptive", "goodput")
 
-
-def next_draft_length(gamma: int, num_accepted: int, num_drafted: int, max_gamma: int) -> int:
+def next_draft_length(g: int, num_accepted: int, num_drafted: int, max_draft_len: int) -> int:
     """A row's g for its next iteration under the "adaptive" schedule.
 
     Args:
-        gamma: the row's g for the iteration just verified.
+        g: the row's g for the iteration just verified.
         num_accepted: draft tokens it kept (tau); num_drafted: draft tokens it verified (more than
-            gamma when a longer row set the step's length, fewer when its token budget clipped it).
-        max_gamma: the largest g allowed.
+            g when a longer row set the step's length, fewer when its token budget clipped it).
+        max_draft_len: the largest g allowed.
     """
-    if num_accepted >= min(gamma, num_drafted):
-        return min(gamma + 2, max_gamma)
-    return max(gamma - 1, 1)
+    if num_accepted >= min(g, num_drafted):
+        return min(g + 2, max_draft_len)
+    return max(g - 1, 1)
 
 
 def draft_confidence(

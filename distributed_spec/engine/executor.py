@@ -39,11 +39,11 @@ class StepPlan:
     # [B] bool: rows whose whole prompt has gone (or goes now) through the target; only these verify.
     decoding: torch.Tensor
     # Draft tokens proposed per row (the widest row's count); 0 = an autoregressive step, no draft.
-    gamma: int
-    # [B] long in [0, gamma]: draft tokens each row verifies (0 for rows not decoding).
+    g: int
+    # [B] long in [0, g]: draft tokens each row verifies (0 for rows not decoding).
     num_draft_tokens: torch.Tensor
-    # [B, gamma] float64: the draft's sampling uniforms; [B, gamma] eta and [B] u: the verifier's.
-    # With num_paths = K > 1: draft_uniforms and eta are [B, K, gamma] (one row per path).
+    # [B, g] float64: the draft's sampling uniforms; [B, g] eta and [B] u: the verifier's.
+    # With num_paths = K > 1: draft_uniforms and eta are [B, K, g] (one row per path).
     draft_uniforms: torch.Tensor
     eta: torch.Tensor
     u: torch.Tensor
@@ -53,15 +53,15 @@ class StepPlan:
     prefill_chunk_tokens: int | None = None
     # Prompt tokens fed in this step, all rows together (0: no row is taking in its prompt).
     num_prefill_tokens: int = 0
-    # The next step's gamma if every row keeps its whole block (what a draft may propose ahead).
-    next_gamma_guess: int = 0
+    # The next step's g if every row keeps its whole block (what a draft may propose ahead).
+    next_g_guess: int = 0
     # The n-gram proposer's blocks (proposers.py), None when it does not run: [B, w] long, each
     # row's proposal first (zeros past it), and [B] bool, the decoding rows whose block it is.
     ngram_ids: torch.Tensor | None = None
     from_ngram: torch.Tensor | None = None
     # Tokens the draft model drafts (the longest block of its own rows; 0: it does not run); None:
-    # gamma (every proposing row is the model's).
-    model_gamma: int | None = None
+    # g (every proposing row is the model's).
+    model_g: int | None = None
     # K draft paths per row (multipath_step.py); 1: one path.
     num_paths: int = 1
 
@@ -72,7 +72,7 @@ class StepPlan:
     @property
     def num_model_drafts(self) -> int:
         """Tokens the draft model drafts in this step (0: it does not run)."""
-        return self.gamma if self.model_gamma is None else self.model_gamma
+        return self.g if self.model_g is None else self.model_g
 
 
 @dataclass
@@ -83,7 +83,7 @@ class StepOutcome:
     accepted_counts: torch.Tensor
     # [B] long: Y, the correction or bonus token.
     next_tokens: torch.Tensor
-    # [B, gamma] long: the verified block.
+    # [B, g] long: the verified block.
     draft_ids: torch.Tensor
     # [B] long: draft tokens each row verified (the plan's, or fewer after a confidence stop).
     num_draft_tokens: torch.Tensor
@@ -180,11 +180,11 @@ def verify_step(
         accepted_counts [B] long, next_tokens [B] long.
     """
     device = target_logits.device
-    gamma = draft_ids.shape[1]
-    if gamma == 0:
+    g = draft_ids.shape[1]
+    if g == 0:
         next_tokens = sample_autoregressive(target_logits, u.to(device), sampling)
         return torch.zeros_like(next_tokens), next_tokens
-    uniforms = VerifyUniforms(eta=eta[:, :gamma].to(device), u=u.to(device))
+    uniforms = VerifyUniforms(eta=eta[:, :g].to(device), u=u.to(device))
     verified = verify_logits(
         method, draft_ids, draft_probs, target_logits, num_draft_tokens.to(device), uniforms, sampling
     )
@@ -218,7 +218,7 @@ class LocalExecutor:
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if draft is not None:
             draft.update_rows(plan.keep_rows, plan.new_prompts)
-        if plan.num_paths > 1 and plan.gamma > 0:
+        if plan.num_paths > 1 and plan.g > 0:
             accepted_counts, next_tokens, draft_ids = run_multipath_step(
                 self.target, draft, options.method, plan.sampling, plan, watch.section
             )
@@ -237,7 +237,7 @@ class LocalExecutor:
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
                 )
-            # A confidence stop may end the block early: g' <= gamma columns, n[b] <= g' per row.
+            # A confidence stop may end the block early: g' <= g columns, n[b] <= g' per row.
             num_drafted = num_drafted.to(self.device)
             if plan.from_ngram is not None:
                 num_drafted = torch.where(plan.from_ngram.to(self.device), num_draft_tokens, num_drafted)
@@ -246,7 +246,7 @@ class LocalExecutor:
         elif draft is not None:
             with watch.section("draft"):
                 draft.catch_up()
-        if plan.from_ngram is not None and plan.gamma > 0:
+        if plan.from_ngram is not None and plan.g > 0:
             draft_ids, draft_probs = combine_blocks(
                 plan.ngram_ids.to(self.device),
                 plan.from_ngram,

@@ -71,11 +71,11 @@ class StepCostModel:
             return 0.0
         return max(self._within_xy / self._within_xx, 0.0)
 
-    def observe(self, num_rows: int, gamma: int, seconds: float, step: int, num_prefill_tokens: int = 0) -> None:
+    def observe(self, num_rows: int, g: int, seconds: float, step: int, num_prefill_tokens: int = 0) -> None:
         """A step's wall clock; num_prefill_tokens: prompt tokens it fed (rows joining or prefilling)."""
-        cell = self.cells.get((num_rows, gamma))
+        cell = self.cells.get((num_rows, g))
         if cell is None:
-            self.cells[(num_rows, gamma)] = _Cell(seconds, float(num_prefill_tokens), 1, step)
+            self.cells[(num_rows, g)] = _Cell(seconds, float(num_prefill_tokens), 1, step)
             return
         dx, dy = num_prefill_tokens - cell.mean_prompt_tokens, seconds - cell.mean_seconds
         self._within_xy = self.decay * self._within_xy + dx * dy
@@ -89,24 +89,24 @@ class StepCostModel:
         """T(B, g) of a cell: its mean step without the prompt tokens' share."""
         return max(cell.mean_seconds - self.prefill_seconds_per_token * cell.mean_prompt_tokens, 1e-9)
 
-    def measured(self, num_rows: int, gamma: int) -> _Cell | None:
-        return self.cells.get((num_rows, gamma))
+    def measured(self, num_rows: int, g: int) -> _Cell | None:
+        return self.cells.get((num_rows, g))
 
-    def predict(self, num_rows: int, gamma: int) -> float | None:
+    def predict(self, num_rows: int, g: int) -> float | None:
         """Predicted seconds of a (B, g) step; None when g was never measured at any B."""
-        cell = self.cells.get((num_rows, gamma))
+        cell = self.cells.get((num_rows, g))
         if cell is not None:
             return self.seconds(cell)
-        others = [rows for (rows, g) in self.cells if g == gamma]
+        others = [rows for (rows, width) in self.cells if width == g]
         if not others:
             return None
         nearest = min(others, key=lambda rows: (abs(math.log(rows / num_rows)), rows))
-        base = self.seconds(self.cells[(nearest, gamma)])
-        shared = [g for (rows, g) in self.cells if rows == num_rows and (nearest, g) in self.cells]
+        base = self.seconds(self.cells[(nearest, g)])
+        shared = [width for (rows, width) in self.cells if rows == num_rows and (nearest, width) in self.cells]
         if not shared:
             # No cell at this B: every g scales alike, so the choice is the nearest B's.
             return base
-        anchor = min(shared, key=lambda g: abs(g - gamma))
+        anchor = min(shared, key=lambda width: abs(width - g))
         return base * self.seconds(self.cells[(num_rows, anchor)]) / self.seconds(self.cells[(nearest, anchor)])
 
 
@@ -182,7 +182,7 @@ class GoodputPolicy:
         if self.acceptance is None:
             self.acceptance = AcceptanceEstimate(self.max_draft_len)
 
-    def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], gamma: int) -> float:
+    def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], g: int) -> float:
         """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs,
         with the acceptance rates' upper confidence bound (`optimism`)."""
         rates = self.acceptance.rates(self.optimism)
@@ -191,15 +191,15 @@ class GoodputPolicy:
             cumulative.append(cumulative[-1] + rate)
         total = 0.0
         for max_drafts, record in rows:
-            num_drafts = min(gamma, max_drafts)
+            num_drafts = min(g, max_drafts)
             total += 1.0 + min(float(num_drafts), record.factor() * cumulative[num_drafts])
         return total
 
-    def goodput(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, gamma: int) -> float | None:
-        seconds = self.cost.predict(num_rows, gamma)
+    def goodput(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> float | None:
+        seconds = self.cost.predict(num_rows, g)
         if seconds is None:
             return None
-        return self.expected_tokens(rows, gamma) / max(seconds, 1e-9)
+        return self.expected_tokens(rows, g) / max(seconds, 1e-9)
 
     def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int) -> int:
         """The step's g. rows: (draft tokens the row may verify, its record) per decoding row;
@@ -210,31 +210,31 @@ class GoodputPolicy:
         longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
         candidates = list(range(longest + 1))
         # The probe: every g measured a few times at this batch size before choosing.
-        for gamma in candidates:
-            cell = self.cost.measured(num_rows, gamma)
-            if self.cost.predict(num_rows, gamma) is None or (
+        for g in candidates:
+            cell = self.cost.measured(num_rows, g)
+            if self.cost.predict(num_rows, g) is None or (
                 cell is not None and cell.count < self.min_samples
             ):
-                return gamma
-        scores = {gamma: self.goodput(rows, num_rows, gamma) for gamma in candidates}
-        best = max(candidates, key=lambda gamma: (scores[gamma], -gamma))
+                return g
+        scores = {g: self.goodput(rows, num_rows, g) for g in candidates}
+        best = max(candidates, key=lambda g: (scores[g], -g))
         self.best = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
-            others = [gamma for gamma in candidates if gamma != best]
+            others = [g for g in candidates if g != best]
             if others:
                 return min(others, key=self._last_measured(num_rows))
         return best
 
     def _last_measured(self, num_rows: int):
-        def key(gamma: int) -> int:
-            cell = self.cost.measured(num_rows, gamma)
+        def key(g: int) -> int:
+            cell = self.cost.measured(num_rows, g)
             return -1 if cell is None else cell.last_step
 
         return key
 
-    def observe_step(self, num_rows: int, gamma: int, seconds: float, num_prefill_tokens: int = 0) -> None:
+    def observe_step(self, num_rows: int, g: int, seconds: float, num_prefill_tokens: int = 0) -> None:
         """Wall-clock seconds of a step; num_prefill_tokens: the prompt tokens it fed."""
-        self.cost.observe(num_rows, gamma, seconds, self.num_steps, num_prefill_tokens)
+        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prefill_tokens)
 
     def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
         self.acceptance.observe(num_draft_tokens, accepted_counts)

@@ -47,7 +47,7 @@ def kept_path_rows(path_indices: torch.Tensor, num_paths: int) -> torch.Tensor:
 
 def propose_paths(
     draft: DraftSide,
-    gamma: int,
+    g: int,
     num_paths: int,
     params: Sampling,
     draft_uniforms: torch.Tensor,
@@ -72,11 +72,11 @@ def propose_paths(
     draft_ids, draft_probs, _ = draft_from_logits(
         draft.runner,
         first_logits[forks],
-        gamma,
+        g,
         params,
-        draft_uniforms.reshape(batch_size * num_paths, gamma),
+        draft_uniforms.reshape(batch_size * num_paths, g),
     )
-    return draft_ids.view(batch_size, num_paths, gamma), draft_probs.view(batch_size, num_paths, gamma, -1)
+    return draft_ids.view(batch_size, num_paths, g), draft_probs.view(batch_size, num_paths, g, -1)
 
 
 def feed_staged_prompts(runner: ModelRunner, max_staged: int | None) -> None:
@@ -101,15 +101,15 @@ def score_paths(
     Returns:
         target_logits [B, K, g+1, V] (unwarped; meaningless for rows not decoding).
     """
-    batch_size, num_paths, gamma = draft_ids.shape
+    batch_size, num_paths, g = draft_ids.shape
     feed_staged_prompts(target.runner, max_staged)
     forks = path_rows(batch_size, num_paths, target.device)
     target.update_rows(forks, [])
     # max_staged=0: a prompt longer than a chunk keeps its rest staged, fed in later steps.
     logits = target.score(
-        draft_ids.reshape(batch_size * num_paths, gamma), decoding.to(target.device)[forks], 0
+        draft_ids.reshape(batch_size * num_paths, g), decoding.to(target.device)[forks], 0
     )
-    return logits.view(batch_size, num_paths, gamma + 1, -1)
+    return logits.view(batch_size, num_paths, g + 1, -1)
 
 
 def verify_paths_from_logits(
@@ -131,8 +131,8 @@ def verify_paths_from_logits(
         accepted_counts [B], next_tokens [B], path_indices [B] (long).
     """
     device = target_logits.device
-    gamma = draft_ids.shape[2]
-    uniforms = MultiPathUniforms(eta=eta[:, :, :gamma].to(device), u=u.to(device))
+    g = draft_ids.shape[2]
+    uniforms = MultiPathUniforms(eta=eta[:, :, :g].to(device), u=u.to(device))
     target_probs = logits_to_probs(target_logits, sampling)
     verified = verify_paths(
         method, draft_ids, draft_probs, target_probs, num_draft_tokens.to(device), uniforms
@@ -156,15 +156,15 @@ def commit_paths(
     Returns:
         the kept blocks [B, g] long (what the scheduler appends tau of).
     """
-    batch_size, num_paths, gamma = draft_ids.shape
+    batch_size, num_paths, g = draft_ids.shape
     forks = path_rows(batch_size, num_paths, accepted_counts.device)
     # Every path of a row rolls back with the row's tau: right for the kept path, whose first tau
     # tokens are the accepted ones; the other paths' rows are dropped just below. Rolling back
     # before dropping keeps each row's slot layout consistent (dropping rows may compact).
     decoding = decoding.to(accepted_counts.device)
-    target.commit(accepted_counts[forks], next_tokens[forks], decoding[forks], gamma)
+    target.commit(accepted_counts[forks], next_tokens[forks], decoding[forks], g)
     draft.commit(
-        draft_ids.reshape(batch_size * num_paths, gamma),
+        draft_ids.reshape(batch_size * num_paths, g),
         accepted_counts[forks],
         next_tokens[forks],
         decoding[forks],
@@ -183,7 +183,7 @@ def run_multipath_step(
     plan: StepPlan,
     section: Callable[[str], AbstractContextManager],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-4 of the module docstring for one StepPlan with plan.num_paths = K > 1 and gamma > 0
+    """Steps 1-4 of the module docstring for one StepPlan with plan.num_paths = K > 1 and g > 0
     (rows already updated). section(name) times the "draft", "target" and "verify" parts.
 
     Returns:
@@ -192,7 +192,7 @@ def run_multipath_step(
     decoding = plan.decoding.to(target.device)
     with section("draft"):
         draft_ids, draft_probs = propose_paths(
-            draft, plan.gamma, plan.num_paths, sampling, plan.draft_uniforms, decoding
+            draft, plan.g, plan.num_paths, sampling, plan.draft_uniforms, decoding
         )
     with section("target"):
         target_logits = score_paths(target, draft_ids.to(target.device), decoding, plan.prefill_chunk_tokens)

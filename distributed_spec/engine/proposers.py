@@ -1,6 +1,6 @@
 """What proposes each row's block (`verifier.proposer`), and how two proposers' blocks become one.
 
-    from distributed_spec.engine.proposers import PROPOSERS, combine_blocks, ngram_block
+    from distributed_spec.engine.proposers import combine_blocks, ngram_block
 
 - "model": the draft model drafts every block (sides.py `DraftSide.propose`); q = its warped
   probabilities.
@@ -12,7 +12,7 @@
 Where each one runs: the n-gram proposer needs only token ids, so the scheduler runs it (in the Ray
 runtime: on the driver) and puts its blocks in the StepPlan (`ngram_ids`, `from_ngram`); the draft
 model runs in the executor (in the Ray runtime: the draft actor) for the longest block among its own
-rows (`StepPlan.model_gamma`; 0: it does not run). `combine_blocks` lays the model's rows over the
+rows (`StepPlan.model_g`; 0: it does not run). `combine_blocks` lays the model's rows over the
 n-gram block, so the target verifies one [B, g] block with one q, as with the model alone. The draft
 keeps its cache in step for rows whose block came from n-grams: `DraftSide.commit` drops what it
 drafted for them and queues their kept tokens as pending input (fed by its next forward).
@@ -24,8 +24,6 @@ verified (model), and point-mass q is an ordinary q to every verifier (tests/ver
 from __future__ import annotations
 
 import torch
-
-PROPOSERS = ("model", "ngram", "model+ngram")
 
 
 def ngram_block(proposals: list[list[int]]) -> torch.Tensor:

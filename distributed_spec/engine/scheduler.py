@@ -11,7 +11,7 @@ Every step (vLLM v1's shape: the scheduler decides, the executor only runs the m
    `continuous_batching=False` admits only into an empty batch: static batches, for comparison).
    Its prompt goes through the target by chunks of `prefill_chunk_tokens`, in the same forwards as
    the other rows' blocks; a row decodes once its whole prompt is in.
-2. draft lengths: the schedule (`EngineConfig.gamma_schedule`) gives each decoding row its g, clipped
+2. draft lengths: the schedule (`EngineConfig.draft_len_schedule`) gives each decoding row its g, clipped
    so a row never verifies past its token budget, and to its n-gram proposal when the n-gram proposer
    serves it (proposers.py: it runs here, on token ids); the step drafts the longest (0: no draft).
 3. uniforms: each row draws its own, from its own generator (seeded per request): draft uniforms
@@ -64,13 +64,13 @@ def request_seed(seed: int, key: Any) -> int:
 
 
 def draw_path_uniforms(
-    rows: list[Request], num_draft_tokens: list[int], decoding: list[bool], gamma: int, num_paths: int
+    rows: list[Request], num_draft_tokens: list[int], decoding: list[bool], g: int, num_paths: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each decoding row's uniforms for K paths of n drafts, from its own generator in one call: draft
     uniforms [K, n] (path by path), then eta [K, n], then u. Returns draft_uniforms [B, K, g], eta
     [B, K, g] float64 (UNUSED_UNIFORM / 1 past a row's n) and u [B]."""
-    draft_uniforms = torch.full((len(rows), num_paths, gamma), UNUSED_UNIFORM, dtype=torch.float64)
-    eta = torch.ones(len(rows), num_paths, gamma, dtype=torch.float64)
+    draft_uniforms = torch.full((len(rows), num_paths, g), UNUSED_UNIFORM, dtype=torch.float64)
+    eta = torch.ones(len(rows), num_paths, g, dtype=torch.float64)
     u = torch.zeros(len(rows), dtype=torch.float64)
     for index, (request, num_drafts, on) in enumerate(zip(rows, num_draft_tokens, decoding)):
         if on:
@@ -110,8 +110,8 @@ class Request:
     stats: RowStats = field(default_factory=RowStats)
     # Prompt tokens (of the sequence the executor was given, but its last) not yet fed to the target.
     num_prompt_left: int = 0
-    # Its g under the "adaptive" schedule.
-    draft_len: int = 0
+    # The draft tokens it verifies next under the "adaptive" schedule.
+    num_draft_tokens: int = 0
     acceptance: RowAcceptance = field(default_factory=RowAcceptance)
     generator: torch.Generator | None = None
 
@@ -128,17 +128,18 @@ class Scheduler:
     """Drives an executor over a stream of requests; see the module docstring."""
 
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer=None) -> None:
-        if config.stop_strings and tokenizer is None:
+        if config.sampling.stop and tokenizer is None:
             raise ValueError("sampling.stop needs a tokenizer: pass tokenizer= or clear the stop strings")
         self.config = config
         self.executor = executor
         self.tokenizer = tokenizer
         # One checker per distinct set of stop strings (the engine's, and the requests' own).
-        self.stop_checkers = {config.stop_strings: StopChecker(config.eos_token_ids, config.stop_strings, tokenizer)}
-        self.goodput = (
-            GoodputPolicy(config.max_gamma) if config.uses_draft and config.gamma_schedule == "goodput" else None
-        )
-        self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if config.uses_ngram else None
+        stop = tuple(config.sampling.stop)
+        self.stop_checkers = {stop: StopChecker(config.eos_token_ids, stop, tokenizer)}
+        verifier = config.verifier
+        goodput = verifier.uses_draft and verifier.draft_len_schedule == "goodput"
+        self.goodput = GoodputPolicy(verifier.max_draft_len) if goodput else None
+        self.ngram = NgramProposer(verifier.ngram_min, verifier.ngram_max) if verifier.uses_ngram else None
         self.stats = self._new_stats()
         # Tests: called with the step index after each step (e.g. to kill a shard).
         self.on_step = None
@@ -146,19 +147,19 @@ class Scheduler:
         self.clock = time.perf_counter
 
     def _new_stats(self) -> RunStats:
-        gamma_limit = self.config.gamma_limit
+        max_num_draft_tokens = self.config.verifier.max_num_draft_tokens
         return RunStats(
-            gamma=gamma_limit,
-            num_proposed_per_position=[0] * gamma_limit,
-            num_accepted_per_position=[0] * gamma_limit,
-            num_steps_per_draft_len=[0] * (gamma_limit + 1),
+            max_num_draft_tokens=max_num_draft_tokens,
+            num_proposed_per_position=[0] * max_num_draft_tokens,
+            num_accepted_per_position=[0] * max_num_draft_tokens,
+            num_steps_per_draft_len=[0] * (max_num_draft_tokens + 1),
         )
 
     def options(self) -> DecodeOptions:
         return DecodeOptions(
-            method=self.config.method,
-            draft_confidence_threshold=self.config.draft_confidence_threshold,
-            proposer=self.config.proposer,
+            method=self.config.verifier.method,
+            draft_confidence_threshold=self.config.verifier.draft_confidence_threshold,
+            proposer=self.config.verifier.proposer,
         )
 
     def run(self, requests: Iterable[Request]) -> Iterator[Request]:
@@ -175,7 +176,7 @@ class Scheduler:
         start_time = time.perf_counter()
         try:
             while True:
-                if config.continuous_batching or not running:
+                if config.scheduling.continuous_batching or not running:
                     while not exhausted and len(running) + len(joining) < max_rows:
                         request = next(source, None)
                         if request is None:
@@ -227,14 +228,14 @@ class Scheduler:
     def _admit(self, request: Request) -> None:
         """(Re)join the batch: the executor gets prompt + output; all but its last token are staged."""
         if request.sampling is None:
-            request.sampling = self.config.sampling
+            request.sampling = self.config.sampling.params
         self._stop_checker(request)
         request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
-        if not request.draft_len:
-            request.draft_len = self.config.gamma
+        if not request.num_draft_tokens:
+            request.num_draft_tokens = self.config.verifier.num_draft_tokens
 
     def _stop_checker(self, request: Request) -> StopChecker:
-        stop_strings = self.config.stop_strings if request.stop_strings is None else request.stop_strings
+        stop_strings = tuple(self.config.sampling.stop) if request.stop_strings is None else request.stop_strings
         checker = self.stop_checkers.get(stop_strings)
         if checker is None:
             if stop_strings and self.tokenizer is None:
@@ -245,7 +246,7 @@ class Scheduler:
 
     def _plan(self, rows: list[Request], keep_rows: torch.Tensor | None, joining: list[Request]) -> StepPlan:
         config = self.config
-        chunk = config.prefill_chunk_tokens
+        chunk = config.scheduling.prefill_chunk_tokens
         decoding = [chunk is None or request.num_prompt_left <= chunk for request in rows]
         prefill = [request.num_prompt_left if chunk is None else min(chunk, request.num_prompt_left) for request in rows]
         max_drafts = [max(request.remaining - 1, 0) if on else 0 for request, on in zip(rows, decoding)]
@@ -254,33 +255,33 @@ class Scheduler:
             # A row the n-gram proposer serves can verify no more than it proposed; under "ngram" a
             # row without a match verifies none (the goodput schedule sees these limits too).
             max_drafts = [
-                len(tokens) if tokens or config.proposer == "ngram" else limit
+                len(tokens) if tokens or config.verifier.proposer == "ngram" else limit
                 for tokens, limit in zip(proposals, max_drafts)
             ]
-        if not config.uses_draft:
-            row_gammas = [0] * len(rows)
+        if not config.verifier.uses_draft:
+            scheduled_num_draft_tokens = [0] * len(rows)
         elif self.goodput is not None:
             candidates = [
                 (limit, request.acceptance) for request, limit, on in zip(rows, max_drafts, decoding) if on
             ]
-            row_gammas = [self.goodput.choose_step(candidates, len(rows))] * len(rows)
-        elif config.gamma_schedule == "adaptive":
-            row_gammas = [request.draft_len for request in rows]
+            scheduled_num_draft_tokens = [self.goodput.choose_step(candidates, len(rows))] * len(rows)
+        elif config.verifier.draft_len_schedule == "adaptive":
+            scheduled_num_draft_tokens = [request.num_draft_tokens for request in rows]
         else:
-            row_gammas = [config.gamma] * len(rows)
+            scheduled_num_draft_tokens = [config.verifier.num_draft_tokens] * len(rows)
         num_draft_tokens = [
-            min(gamma, limit) if on else 0 for gamma, limit, on in zip(row_gammas, max_drafts, decoding)
+            min(g, limit) if on else 0 for g, limit, on in zip(scheduled_num_draft_tokens, max_drafts, decoding)
         ]
-        gamma = max(num_draft_tokens, default=0)
+        g = max(num_draft_tokens, default=0)
         ngram_ids = from_ngram = None
-        model_gamma = gamma
+        model_g = g
         if proposals is not None:
             from_ngram = torch.tensor([bool(tokens) and n > 0 for tokens, n in zip(proposals, num_draft_tokens)])
             ngram_ids = ngram_block([tokens[:n] if on else [] for tokens, n, on in zip(proposals, num_draft_tokens, from_ngram.tolist())])
-            model_gamma = max((n for n, on in zip(num_draft_tokens, from_ngram.tolist()) if not on), default=0)
+            model_g = max((n for n, on in zip(num_draft_tokens, from_ngram.tolist()) if not on), default=0)
         # K paths only in steps that draft (g = 0 is a plain decoding step, the same at every K).
-        num_paths = config.num_paths if gamma > 0 else 1
-        draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, gamma, num_paths)
+        num_paths = config.verifier.num_paths if g > 0 else 1
+        draft_uniforms, eta, u = draw_path_uniforms(rows, num_draft_tokens, decoding, g, num_paths)
         if num_paths == 1:
             # One path: [B, g] (the same draws in the same order as [B, 1, g]).
             draft_uniforms, eta = draft_uniforms[:, 0], eta[:, 0]
@@ -288,7 +289,7 @@ class Scheduler:
             keep_rows=keep_rows,
             new_prompts=[request.prompt_ids + request.output for request in joining],
             decoding=torch.tensor(decoding, dtype=torch.bool),
-            gamma=gamma,
+            g=g,
             num_draft_tokens=torch.tensor(num_draft_tokens, dtype=torch.long),
             draft_uniforms=draft_uniforms,
             eta=eta,
@@ -296,10 +297,10 @@ class Scheduler:
             sampling=RowSampling(tuple(request.sampling for request in rows)),
             prefill_chunk_tokens=chunk,
             num_prefill_tokens=sum(prefill),
-            next_gamma_guess=self._next_gamma_guess(rows, row_gammas, num_draft_tokens, gamma),
+            next_g_guess=self._next_g_guess(rows, scheduled_num_draft_tokens, num_draft_tokens, g),
             ngram_ids=ngram_ids,
             from_ngram=from_ngram,
-            model_gamma=model_gamma if config.uses_draft_model else 0,
+            model_g=model_g if config.verifier.uses_draft_model else 0,
             num_paths=num_paths,
         )
 
@@ -308,22 +309,22 @@ class Scheduler:
         proposer is the model alone). Rows not decoding (max_drafts 0) get []."""
         if self.ngram is None:
             return None
-        limits = [min(limit, self.config.gamma_limit) for limit in max_drafts]
+        limits = [min(limit, self.config.verifier.max_num_draft_tokens) for limit in max_drafts]
         return self.ngram.propose([request.prompt_ids + request.output for request in rows], limits)
 
-    def _next_gamma_guess(
-        self, rows: list[Request], row_gammas: list[int], num_draft_tokens: list[int], gamma: int
+    def _next_g_guess(
+        self, rows: list[Request], scheduled_num_draft_tokens: list[int], num_draft_tokens: list[int], g: int
     ) -> int:
-        """The next step's gamma if every row keeps its whole block and none finishes early."""
+        """The next step's g if every row keeps its whole block and none finishes early."""
         guesses = []
-        for request, row_gamma, num_drafts in zip(rows, row_gammas, num_draft_tokens):
+        for request, scheduled, num_drafts in zip(rows, scheduled_num_draft_tokens, num_draft_tokens):
             left = request.remaining - num_drafts - 1
             if left < 1:
                 continue
-            if self.config.gamma_schedule == "adaptive":
-                row_gamma = next_draft_length(row_gamma, num_drafts, num_drafts, self.config.max_gamma)
-            guesses.append(min(row_gamma, left - 1))
-        return max(guesses, default=gamma)
+            if self.config.verifier.draft_len_schedule == "adaptive":
+                scheduled = next_draft_length(scheduled, num_drafts, num_drafts, self.config.verifier.max_draft_len)
+            guesses.append(min(scheduled, left - 1))
+        return max(guesses, default=g)
 
     def _record(self, rows: list[Request], plan: StepPlan, outcome: StepOutcome) -> list[Request]:
         """Append each decoding row's tokens and update the counters; return the rows that finished."""
@@ -334,7 +335,7 @@ class Scheduler:
         num_draft_tokens = outcome.num_draft_tokens.tolist()
         decoding = plan.decoding.tolist()
         from_ngram = plan.from_ngram.tolist() if plan.from_ngram is not None else [False] * len(rows)
-        chunk = self.config.prefill_chunk_tokens
+        chunk = self.config.scheduling.prefill_chunk_tokens
         finished = []
         for index, request in enumerate(rows):
             if not decoding[index]:
@@ -343,7 +344,7 @@ class Scheduler:
             request.num_prompt_left = 0
             tau = accepted_counts[index]
             num_drafts = num_draft_tokens[index]
-            if self.config.uses_draft:
+            if self.config.verifier.uses_draft:
                 self._count_proposer("ngram" if from_ngram[index] else "model" if num_drafts else "none", num_drafts, tau)
             for position in range(num_drafts):
                 stats.num_proposed_per_position[position] += 1
@@ -353,8 +354,8 @@ class Scheduler:
             request.stats.num_accepted += tau
             if self.goodput is not None:
                 request.acceptance.observe(tau, self.goodput.predicted_accepted(num_drafts))
-            if self.config.gamma_schedule == "adaptive":
-                request.draft_len = next_draft_length(request.draft_len, tau, num_drafts, self.config.max_gamma)
+            if self.config.verifier.draft_len_schedule == "adaptive":
+                request.num_draft_tokens = next_draft_length(request.num_draft_tokens, tau, num_drafts, self.config.verifier.max_draft_len)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
             num_before = len(request.output)
             request.finish_reason = self._stop_checker(request).append(request.output, emitted, request.budget)
@@ -376,11 +377,11 @@ class Scheduler:
     def _observe(self, rows: list[Request], plan: StepPlan, outcome: StepOutcome, seconds: float) -> None:
         stats = self.stats
         stats.num_target_calls += 1
-        if self.config.uses_draft_model:
+        if self.config.verifier.uses_draft_model:
             # Steps in which the draft model ran (the others, with proposer=model+ngram: n-grams only).
-            drafted = (plan.gamma if plan.model_gamma is None else plan.model_gamma) > 0
+            drafted = (plan.g if plan.model_g is None else plan.model_g) > 0
             stats.extra["proposer/model_steps"] = stats.extra.get("proposer/model_steps", 0.0) + float(drafted)
-        stats.num_steps_per_draft_len[plan.gamma] += 1
+        stats.num_steps_per_draft_len[plan.g] += 1
         stats.num_draft_calls = outcome.num_draft_calls
         stats.draft_s += outcome.draft_s
         stats.target_s += outcome.target_s
@@ -397,7 +398,7 @@ class Scheduler:
         # prompt tokens' cost is fitted (StepCostModel).
         self.goodput.observe_step(
             len(rows),
-            plan.gamma,
+            plan.g,
             max(seconds - outcome.prefill_s, 0.0),
             max(plan.num_prefill_tokens - outcome.num_prefill_apart_tokens, 0),
         )

@@ -59,7 +59,7 @@ class TargetSide:
         return score(self.runner, self.last_ids, draft_ids.to(self.device), decoding.to(self.device), max_staged)
 
     def commit(
-        self, accepted_counts: torch.Tensor, next_tokens: torch.Tensor, decoding: torch.Tensor, gamma: int
+        self, accepted_counts: torch.Tensor, next_tokens: torch.Tensor, decoding: torch.Tensor, g: int
     ) -> None:
         """Keep Y and the tau accepted drafts of each decoding row; Y' becomes its pending token.
 
@@ -67,7 +67,7 @@ class TargetSide:
             accepted_counts: [B] tau; next_tokens: [B] Y'; decoding: [B] bool.
         """
         decoding = decoding.to(self.device)
-        commit_target(self.runner, accepted_counts.to(self.device), gamma, decoding)
+        commit_target(self.runner, accepted_counts.to(self.device), g, decoding)
         self.last_ids = torch.where(decoding, next_tokens.to(self.device), self.last_ids)
 
 
@@ -102,7 +102,7 @@ class DraftSide:
 
     def propose(
         self,
-        gamma: int,
+        g: int,
         sampling: RowSampling,
         draft_uniforms: torch.Tensor,
         decoding: torch.Tensor,
@@ -117,7 +117,7 @@ class DraftSide:
             self.runner,
             self.pending_ids,
             input_mask,
-            gamma,
+            g,
             sampling,
             draft_uniforms,
             to_sampled,
@@ -146,14 +146,14 @@ class DraftSide:
         """
         decoding = decoding.to(self.device)
         next_tokens = next_tokens.to(self.device)
-        gamma = draft_ids.shape[1] if num_model_drafts is None else num_model_drafts
+        g = draft_ids.shape[1] if num_model_drafts is None else num_model_drafts
         # Host sync: whether any row's block came from n-grams picks the bookkeeping below.
         if from_ngram is not None and bool(from_ngram.any()):
             self._commit_with_ngram_rows(
                 draft_ids.to(self.device), accepted_counts.to(self.device), next_tokens, decoding,
-                from_ngram.to(self.device), gamma,
+                from_ngram.to(self.device), g,
             )
-        elif gamma == 0:
+        elif g == 0:
             self.pending_ids = torch.cat([self.pending_ids, torch.where(decoding, next_tokens, 0)[:, None]], dim=1)
             self.pending_mask = torch.cat([self.pending_mask, decoding.long()[:, None]], dim=1)
             self._trim_pending()
@@ -161,7 +161,7 @@ class DraftSide:
             # Rows not decoding keep their Y pending.
             pending_next = torch.where(decoding, next_tokens, self.last_ids)
             self.pending_ids, self.pending_mask = commit_draft(
-                self.runner, draft_ids[:, :gamma].to(self.device), accepted_counts.to(self.device), pending_next,
+                self.runner, draft_ids[:, :g].to(self.device), accepted_counts.to(self.device), pending_next,
                 decoding,
             )
         self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
@@ -173,24 +173,24 @@ class DraftSide:
         next_tokens: torch.Tensor,
         decoding: torch.Tensor,
         from_ngram: torch.Tensor,
-        gamma: int,
+        g: int,
     ) -> None:
         """`commit` for a block with n-gram rows: the model's rows as `commit_draft` keeps them, the
         n-gram rows (and, when the draft did not run, every decoding row) queue X_1..X_tau, Y'.
 
         Args:
-            draft_ids: [B, W] (W >= gamma, the model's drafts in the first gamma columns of its rows);
-            accepted_counts: [B]; next_tokens: [B]; decoding, from_ngram: [B] bool; gamma: the model's g.
+            draft_ids: [B, W] (W >= g, the model's drafts in the first g columns of its rows);
+            accepted_counts: [B]; next_tokens: [B]; decoding, from_ngram: [B] bool; g: the model's g.
         """
         columns = torch.arange(draft_ids.shape[1], device=self.device)[None, :]  # [1, W]
         kept = columns < accepted_counts[:, None]  # [B, W]: X_1..X_tau
-        if gamma > 0:
+        if g > 0:
             model_rows = decoding & ~from_ngram
             # The model's speculative slots: its rows keep their accepted ones, n-gram rows none (those
             # slots hold the model's drafts, not the n-gram tokens that were verified).
-            self.runner.rollback(torch.where(model_rows, accepted_counts.clamp(max=gamma - 1), 0), gamma - 1)
+            self.runner.rollback(torch.where(model_rows, accepted_counts.clamp(max=g - 1), 0), g - 1)
             # A model row's pending input is [X_g if all g were kept] (never fed), then Y'.
-            model_pending = (columns == gamma - 1) & (accepted_counts == gamma)[:, None]
+            model_pending = (columns == g - 1) & (accepted_counts == g)[:, None]
             block_mask = torch.where(model_rows[:, None], model_pending, kept & from_ngram[:, None])
             # propose fed every decoding row's pending input: only the others keep theirs.
             old_mask = self.pending_mask * (~decoding).long()[:, None]

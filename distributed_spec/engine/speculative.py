@@ -1,7 +1,7 @@
 """SpeculativeEngine: the single-process engine (the scheduler over in-process models).
 
     from distributed_spec.engine import EngineConfig, SpeculativeEngine
-    results = SpeculativeEngine(target_model, draft_model, EngineConfig(method="block", gamma=4)).generate(
+    results = SpeculativeEngine(target_model, draft_model, EngineConfig(method="block", g=4)).generate(
         [[1, 2, 3], [4, 5]]
     )
 
@@ -54,16 +54,16 @@ class SpeculativeEngine:
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.target_runner = ModelRunner(target, config.compact_fraction)
+        self.target_runner = ModelRunner(target, config.scheduling.compact_fraction)
         self.draft_runner: ModelRunner | None = None
         self.device = self.target_runner.device
-        if config.uses_draft_model:
+        if config.verifier.uses_draft_model:
             if draft is None:
                 raise ValueError(
-                    f"engine.method={config.method!r} with engine.proposer={config.proposer!r} needs a draft "
-                    "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
+                    f"verifier.method={config.verifier.method!r} with verifier.proposer={config.verifier.proposer!r} needs a draft "
+                    "model; set verifier.proposer=ngram (no draft model) or verifier.method=autoregressive"
                 )
-            self.draft_runner = ModelRunner(draft, config.compact_fraction)
+            self.draft_runner = ModelRunner(draft, config.scheduling.compact_fraction)
             if self.draft_runner.vocab_size != self.target_runner.vocab_size:
                 raise ValueError(
                     f"draft {_model_name(draft)!r} has vocabulary size {self.draft_runner.vocab_size} but target "
@@ -75,7 +75,7 @@ class SpeculativeEngine:
                     f"draft is on {self.draft_runner.device} but target is on {self.device}: "
                     "set both models' device to the same value"
                 )
-        contexts = [_model_context(target)] + ([_model_context(draft)] if config.uses_draft_model else [])
+        contexts = [_model_context(target)] + ([_model_context(draft)] if config.verifier.uses_draft_model else [])
         known = [context for context in contexts if context]
         self.max_context = min(known) if known else None
 
@@ -123,12 +123,12 @@ def build_requests(
     max_context: int | None,
     keys: Sequence | None = None,
 ) -> list[Request]:
-    """Validated requests for prompts (token ids); each seeded from (config.seed, its key)."""
+    """Validated requests for prompts (token ids); each seeded from (config.sampling.seed, its key)."""
     prompts = [list(map(int, prompt)) for prompt in prompts_token_ids]
-    budgets = prompt_budgets(prompts, vocab_size, max_context, config.max_new_tokens)
+    budgets = prompt_budgets(prompts, vocab_size, max_context, config.sampling.max_new_tokens)
     keys = list(range(len(prompts))) if keys is None else list(keys)
     return [
-        Request(key=key, prompt_ids=prompt, budget=budget, seed=request_seed(config.seed, key))
+        Request(key=key, prompt_ids=prompt, budget=budget, seed=request_seed(config.sampling.seed, key))
         for key, prompt, budget in zip(keys, prompts, budgets)
     ]
 
@@ -146,14 +146,14 @@ def make_request(
     stop_strings: Sequence[str] | None = None,
 ) -> Request:
     """A validated request (ValueError names what is wrong); its generator is seeded from
-    (config.seed, seed_key), or from `seed` when given (a record's own seed); its budget is
+    (config.sampling.seed, seed_key), or from `seed` when given (a record's own seed); its budget is
     max_new_tokens (default config's) clipped to the context; sampling and stop_strings default to
     config's."""
     prompt = list(map(int, prompt_ids))
-    limit = config.max_new_tokens if max_new_tokens is None else max_new_tokens
+    limit = config.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
     (budget,) = prompt_budgets([prompt], vocab_size, max_context, limit)
-    sampling = config.sampling if sampling is None else sampling
-    if config.method == "greedy" and not sampling.is_greedy:
+    sampling = config.sampling.params if sampling is None else sampling
+    if config.verifier.method == "greedy" and not sampling.is_greedy:
         raise ValueError(f"the greedy verifier needs temperature 0, got {sampling.temperature}")
     if stop_strings is not None and any(not stop for stop in stop_strings):
         raise ValueError("stop strings must not be empty")
@@ -162,7 +162,7 @@ def make_request(
         prompt_ids=prompt,
         budget=budget,
         # torch generators take seeds in [0, 2^64): a record's seed is used modulo that.
-        seed=request_seed(config.seed, seed_key) if seed is None else seed % (1 << 64),
+        seed=request_seed(config.sampling.seed, seed_key) if seed is None else seed % (1 << 64),
         sampling=sampling,
         stop_strings=None if stop_strings is None else tuple(stop_strings),
     )

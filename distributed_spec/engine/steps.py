@@ -35,7 +35,7 @@ def propose(
     draft: ModelRunner,
     draft_input_ids: torch.Tensor,
     draft_input_mask: torch.Tensor,
-    gamma: int,
+    g: int,
     params: Sampling,
     draft_uniforms: torch.Tensor,
     to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -58,13 +58,13 @@ def propose(
         g' <= g the longest block; num_drafted [B] long, each row's block length (<= g').
     """
     logits = draft.forward_tokens(draft_input_ids, draft_input_mask, num_logits=1)[:, -1]  # [B, V]
-    return draft_from_logits(draft, logits, gamma, params, draft_uniforms, to_sampled, confidence_threshold)
+    return draft_from_logits(draft, logits, g, params, draft_uniforms, to_sampled, confidence_threshold)
 
 
 def draft_from_logits(
     draft: ModelRunner,
     logits: torch.Tensor,
-    gamma: int,
+    g: int,
     params: Sampling,
     draft_uniforms: torch.Tensor,
     to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -72,24 +72,24 @@ def draft_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """propose after its first forward: sample X_1 from `logits` [B, V] (the draft's logits after
     its pending input), then X_2..X_g feeding X_1..X_{g-1}. Same arguments and returns as propose."""
-    num_drafted = torch.full((logits.shape[0],), gamma, dtype=torch.long, device=logits.device)  # [B]
+    num_drafted = torch.full((logits.shape[0],), g, dtype=torch.long, device=logits.device)  # [B]
     drafting = torch.ones_like(num_drafted, dtype=torch.bool)  # [B]
     draft_ids, draft_probs = [], []
-    for i in range(gamma):
+    for i in range(g):
         probs = logits_to_probs(logits, params)  # [B, V]
         if to_sampled is not None:
             probs = to_sampled(probs)
         token_ids = sample_from_probs(probs, draft_uniforms[:, i].to(probs.device))  # [B]
         draft_ids.append(token_ids)
         draft_probs.append(probs)
-        if confidence_threshold > 0 and i < gamma - 1:
+        if confidence_threshold > 0 and i < g - 1:
             ends = drafting & (draft_confidence(logits, probs, token_ids, params) < confidence_threshold)
             num_drafted = torch.where(ends, i + 1, num_drafted)
             drafting &= ~ends
             # Host sync: no further draft forward once every row's block has ended.
             if not bool(drafting.any()):
                 break
-        if i < gamma - 1:
+        if i < g - 1:
             logits = draft.forward_tokens(token_ids[:, None])[:, 0]
     return torch.stack(draft_ids, dim=1), torch.stack(draft_probs, dim=1), num_drafted
 
@@ -118,7 +118,7 @@ def score(
 
 
 def commit_target(
-    target: ModelRunner, accepted_counts: torch.Tensor, gamma: int, decoding: torch.Tensor | None = None
+    target: ModelRunner, accepted_counts: torch.Tensor, g: int, decoding: torch.Tensor | None = None
 ) -> None:
     """Roll the target's cache back to the kept prefix: keep Y and the tau accepted drafts.
 
@@ -129,7 +129,7 @@ def commit_target(
     num_kept = accepted_counts + 1
     if decoding is not None:
         num_kept = torch.where(decoding, num_kept, 0)
-    target.rollback(num_kept, gamma + 1)
+    target.rollback(num_kept, g + 1)
 
 
 def commit_draft(
@@ -148,13 +148,13 @@ def commit_draft(
     Returns:
         draft_input_ids [B, 2] = [X_g, Y'], draft_input_mask [B, 2] = [tau == g, 1].
     """
-    gamma = draft_ids.shape[1]
-    num_kept = accepted_counts.clamp(max=gamma - 1)
-    kept_last = accepted_counts == gamma
+    g = draft_ids.shape[1]
+    num_kept = accepted_counts.clamp(max=g - 1)
+    kept_last = accepted_counts == g
     if decoding is not None:
         num_kept = torch.where(decoding, num_kept, 0)
         kept_last = kept_last & decoding
-    draft.rollback(num_kept, gamma - 1)
+    draft.rollback(num_kept, g - 1)
     draft_input_ids = torch.stack([draft_ids[:, -1], next_tokens], dim=1)
     draft_input_mask = torch.stack([kept_last.long(), torch.ones_like(next_tokens)], dim=1)
     return draft_input_ids, draft_input_mask

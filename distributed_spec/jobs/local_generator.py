@@ -12,7 +12,7 @@ import torch
 
 from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.engine import SpeculativeEngine
-from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, engine_config, model_spec
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, model_spec
 from distributed_spec.models import load_model, load_pair
 from distributed_spec.models.tokenizers import eos_ids
 
@@ -48,7 +48,7 @@ class LocalGenerator(SchedulerGenerator):
             raise ConfigError(f"model.target {target.name!r} has no tokenizer; set model.tokenizer")
         self.tokenizer = tokenizer
         self.has_draft_model = draft is not None
-        self._config = engine_config(job, eos_ids(tokenizer, target.model))
+        self._config = job.engine_config(eos_ids(tokenizer, target.model))
         self.engine = SpeculativeEngine(target.model, draft.model if draft else None, self._config, tokenizer)
         self.backend = self.engine
         contexts = [context for context in (job.model.max_context_len, self.engine.max_context) if context]

@@ -13,7 +13,7 @@ from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.group import LoadTimeoutError
-from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, engine_config, model_spec
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, model_spec
 from distributed_spec.models.tokenizers import (
     GenerationConfigHolder,
     eos_ids,
@@ -33,7 +33,7 @@ class RayGenerator(SchedulerGenerator):
         self.tokenizer = load_tokenizer(job.model, target_spec)
         # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
         generation_config = GenerationConfigHolder(load_generation_config(job.model, target_spec))
-        self._config = engine_config(job, eos_ids(self.tokenizer, generation_config))
+        self._config = job.engine_config(eos_ids(self.tokenizer, generation_config))
         uses_draft = job.verifier.uses_draft_model
         self.has_draft_model = uses_draft
         self.coordinator = RayCoordinator(

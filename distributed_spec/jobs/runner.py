@@ -470,12 +470,7 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
         )
     config = job.to_dict()
     verifier = job.verifier
-    gamma_tag = {
-        "constant": f"gamma={verifier.gamma}",
-        "adaptive": f"gamma=adaptive({verifier.gamma}..{verifier.max_gamma})",
-        "goodput": f"gamma=goodput(0..{verifier.max_gamma})",
-    }[verifier.gamma_schedule]
-    tags = [job.model.name, verifier.method, gamma_tag, job.parallel.runtime]
+    tags = [job.model.name, verifier.method, verifier.describe_draft_len(), job.parallel.runtime]
     tracker = build_tracker(job.tracking, paths.root, config, tags)
     exit_code = 1  # until the run returns: a crashed job's W&B run is marked failed
     try:
@@ -510,8 +505,7 @@ def run(job: JobConfig, output_dir: Path | None = None, generator: Generator | N
         _write_json(paths.summary, summary)
         tracker.log_samples(runner.samples)
         tracker.summary({key: value for key, value in summary.items() if not isinstance(value, list)})
-        paths_tag = f" K={job.verifier.num_paths}" if job.verifier.num_paths > 1 else ""
-        print_summary(summary, title=f"{job.model.name} {job.verifier.method} g={job.verifier.gamma}{paths_tag}")
+        print_summary(summary, title=f"{job.model.name} {job.verifier.method} {job.verifier.describe_draft_len()}")
         logger.info(
             "done: %d records (%d in output), %d errors, %.1f tokens/s, block efficiency %.3f -> %s",
             summary["records"],

@@ -17,7 +17,6 @@ from distributed_spec.engine.scheduler import Scheduler
 from distributed_spec.engine.speculative import make_request, to_result
 from distributed_spec.jobs.generator import GenerationItem
 from distributed_spec.models import ModelSpec
-from distributed_spec.verify import SamplingParams
 
 
 def model_spec(model: ModelConfig, source: ModelSourceConfig, device: str) -> ModelSpec:
@@ -29,29 +28,6 @@ def model_spec(model: ModelConfig, source: ModelSourceConfig, device: str) -> Mo
         num_layers=source.num_layers,
         trust_remote_code=model.trust_remote_code,
         revision=source.revision,
-    )
-
-
-def engine_config(job: JobConfig, eos_token_ids: tuple[int, ...]) -> EngineConfig:
-    sampling = job.sampling
-    return EngineConfig(
-        method=job.verifier.method,
-        gamma=job.verifier.gamma,
-        gamma_schedule=job.verifier.gamma_schedule,
-        max_gamma=job.verifier.max_gamma,
-        draft_confidence_threshold=job.verifier.draft_confidence_threshold,
-        proposer=job.verifier.proposer,
-        ngram_min=job.verifier.ngram_min,
-        ngram_max=job.verifier.ngram_max,
-        num_paths=job.verifier.num_paths,
-        sampling=SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p),
-        max_new_tokens=sampling.max_new_tokens,
-        max_batch_size=job.data.batch_size,
-        continuous_batching=job.engine.continuous_batching,
-        prefill_chunk_tokens=job.engine.prefill_chunk_tokens,
-        seed=sampling.seed,
-        eos_token_ids=eos_token_ids,
-        stop_strings=tuple(sampling.stop),
     )
 
 
@@ -78,7 +54,7 @@ class SchedulerGenerator:
                 f"verifier.method={job.verifier.method} with verifier.proposer={job.verifier.proposer} needs "
                 "the draft model, which this generator did not load"
             )
-        self._config = engine_config(job, self._config.eos_token_ids)
+        self._config = job.engine_config(self._config.eos_token_ids)
         self.backend.config = self._config
 
     def stream(self, items: Iterable[GenerationItem]) -> Iterator[tuple[Any, Any]]:
@@ -105,7 +81,7 @@ def request_for_item(item: GenerationItem, config: EngineConfig, vocab_size: int
         key=item.handle,
         seed_key=item.seed_key,
         max_new_tokens=item.max_new_tokens,
-        sampling=dataclasses.replace(config.sampling, **overrides) if overrides else None,
+        sampling=dataclasses.replace(config.sampling.params, **overrides) if overrides else None,
         seed=own.seed,
         stop_strings=own.stop,
     )

@@ -110,8 +110,8 @@ class RunMetrics:
         for position, acceptance in enumerate(engine.acceptance_per_position, start=1):
             metrics[f"acceptance/pos_{position}"] = acceptance
         # The draft-length schedule's choices: steps per g (g = 0: no draft in that step).
-        for gamma, count in enumerate(engine.num_steps_per_draft_len):
-            metrics[f"draft_len/steps_g{gamma}"] = count
+        for g, count in enumerate(engine.num_steps_per_draft_len):
+            metrics[f"draft_len/steps_g{g}"] = count
         for name, value in self.runtime.items():
             # Counters that name their own group (proposer/rows_ngram, ...) keep it.
             metrics[name if "/" in name else f"runtime/{name}"] = value

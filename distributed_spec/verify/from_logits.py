@@ -63,11 +63,11 @@ def _verify_by_row_groups(
     sampling: RowSampling,
 ) -> VerifyOutput:
     """verify_logits on each group of rows sharing settings; results gathered back into row order."""
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     device = target_logits.device
     accepted_counts = torch.zeros(batch_size, dtype=torch.long, device=device)
     next_tokens = torch.zeros(batch_size, dtype=torch.long, device=device)
-    accepted_mask = torch.zeros(batch_size, gamma, dtype=torch.bool, device=device)
+    accepted_mask = torch.zeros(batch_size, g, dtype=torch.bool, device=device)
     for params, rows in sampling.groups():
         index = torch.tensor(rows, dtype=torch.long, device=device)
         pick = functools.partial(_select_rows, index=index)

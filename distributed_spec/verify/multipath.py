@@ -79,16 +79,16 @@ class MultiPathUniforms:
 def draw_multipath_uniforms(
     batch_size: int,
     num_paths: int,
-    gamma: int,
+    g: int,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
 ) -> MultiPathUniforms:
     """Draw the uniforms of one step; at K = 1 the same draws as rules.draw_uniforms."""
     draws = torch.rand(
-        batch_size, num_paths * gamma + 1, generator=generator, dtype=torch.float64, device=device
+        batch_size, num_paths * g + 1, generator=generator, dtype=torch.float64, device=device
     )
-    eta = draws[:, : num_paths * gamma].reshape(batch_size, num_paths, gamma)
-    return MultiPathUniforms(eta=eta, u=draws[:, num_paths * gamma])
+    eta = draws[:, : num_paths * g].reshape(batch_size, num_paths, g)
+    return MultiPathUniforms(eta=eta, u=draws[:, num_paths * g])
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def _check_paths(
     """Shapes of K paths ([B, K, g], [B, K, g, V], [B, K, g+1, V], [B]); then rules' checks on B*K rows."""
     if draft_ids.dim() != 3:
         raise ValueError(f"draft_ids must be [B, K, g], got {tuple(draft_ids.shape)}")
-    batch_size, num_paths, gamma = draft_ids.shape
+    batch_size, num_paths, g = draft_ids.shape
     if num_paths < 1:
         raise ValueError("multi-path verification needs K >= 1 paths")
     if target_probs.dim() != 4 or target_probs.shape[:2] != (batch_size, num_paths):
@@ -119,7 +119,7 @@ def _check_paths(
         raise ValueError(
             f"num_draft_tokens must be [B] = [{batch_size}], got {tuple(num_draft_tokens.shape)}"
         )
-    flat_ids = draft_ids.reshape(batch_size * num_paths, gamma)
+    flat_ids = draft_ids.reshape(batch_size * num_paths, g)
     flat_p = target_probs.reshape(batch_size * num_paths, *target_probs.shape[2:])
     flat_q = (
         None if draft_probs is None else draft_probs.reshape(batch_size * num_paths, *draft_probs.shape[2:])
@@ -216,7 +216,7 @@ def verify_multipath(
         accepted_counts tau [B], next_tokens Y [B], accepted_mask [B, g], path_indices [B]
     """
     _check_paths(draft_ids, draft_probs, target_probs, num_draft_tokens)
-    gamma = draft_ids.shape[2]
+    g = draft_ids.shape[2]
     # Path 1 of every row at once, exactly as verify_block computes r.
     target_on_path = _on_path(target_probs[:, 0], draft_ids[:, 0])
     draft_on_path = _on_path(draft_probs[:, 0], draft_ids[:, 0])
@@ -244,7 +244,7 @@ def verify_multipath(
     return MultiPathVerifyOutput(
         accepted_counts,
         next_tokens,
-        _accepted_mask(accepted_counts, gamma),
+        _accepted_mask(accepted_counts, g),
         torch.tensor(kept, dtype=torch.long, device=device),
     )
 
@@ -260,16 +260,16 @@ def verify_multipath_greedy(
     smallest k. Same arguments as verify_multipath; draft_probs and uniforms are not used, and
     target_probs may be logits. K = 1 is rules.verify_greedy."""
     _check_paths(draft_ids, None, target_probs, num_draft_tokens)
-    batch_size, num_paths, gamma = draft_ids.shape
+    batch_size, num_paths, g = draft_ids.shape
     target_argmax = target_probs.argmax(dim=-1)  # [B, K, g+1]
-    positions = torch.arange(gamma, device=draft_ids.device)
-    passes = (draft_ids == target_argmax[..., :gamma]) & (positions < num_draft_tokens[:, None, None])
-    matches = _prefix_length(passes.reshape(batch_size * num_paths, gamma)).view(batch_size, num_paths)
+    positions = torch.arange(g, device=draft_ids.device)
+    passes = (draft_ids == target_argmax[..., :g]) & (positions < num_draft_tokens[:, None, None])
+    matches = _prefix_length(passes.reshape(batch_size * num_paths, g)).view(batch_size, num_paths)
     accepted_counts, path_indices = matches.max(dim=1)  # the first maximal index on ties
     rows = torch.arange(batch_size, device=draft_ids.device)
     next_tokens = target_argmax[rows, path_indices, accepted_counts]
     return MultiPathVerifyOutput(
-        accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma), path_indices
+        accepted_counts, next_tokens, _accepted_mask(accepted_counts, g), path_indices
     )
 
 

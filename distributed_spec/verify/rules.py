@@ -58,13 +58,13 @@ class VerifyUniforms:
 
 def draw_uniforms(
     batch_size: int,
-    gamma: int,
+    g: int,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
 ) -> VerifyUniforms:
     """Draw the uniforms of one step; one call per step keeps a seeded run reproducible."""
-    draws = torch.rand(batch_size, gamma + 1, generator=generator, dtype=torch.float64, device=device)
-    return VerifyUniforms(eta=draws[:, :gamma], u=draws[:, gamma])
+    draws = torch.rand(batch_size, g + 1, generator=generator, dtype=torch.float64, device=device)
+    return VerifyUniforms(eta=draws[:, :g], u=draws[:, g])
 
 
 @dataclass(frozen=True)
@@ -83,24 +83,24 @@ def _check_inputs(
     target_probs: torch.Tensor,
     num_draft_tokens: torch.Tensor,
 ) -> None:
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     vocab_size = target_probs.shape[-1]
-    if target_probs.shape != (batch_size, gamma + 1, vocab_size):
+    if target_probs.shape != (batch_size, g + 1, vocab_size):
         raise ValueError(
-            f"target_probs must be [B, g+1, V] = [{batch_size}, {gamma + 1}, V], got {tuple(target_probs.shape)}"
+            f"target_probs must be [B, g+1, V] = [{batch_size}, {g + 1}, V], got {tuple(target_probs.shape)}"
         )
-    if draft_probs is not None and draft_probs.shape != (batch_size, gamma, vocab_size):
+    if draft_probs is not None and draft_probs.shape != (batch_size, g, vocab_size):
         raise ValueError(
-            f"draft_probs must be [B, g, V] = [{batch_size}, {gamma}, {vocab_size}], got {tuple(draft_probs.shape)}"
+            f"draft_probs must be [B, g, V] = [{batch_size}, {g}, {vocab_size}], got {tuple(draft_probs.shape)}"
         )
     if num_draft_tokens.shape != (batch_size,):
         raise ValueError(
             f"num_draft_tokens must be [B] = [{batch_size}], got {tuple(num_draft_tokens.shape)}"
         )
     # Host syncs: input validation must raise here, before any token is produced.
-    if bool(((num_draft_tokens < 0) | (num_draft_tokens > gamma)).any()):
-        raise ValueError(f"num_draft_tokens must lie in [0, g={gamma}], got {num_draft_tokens.tolist()}")
-    if gamma > 0 and bool(((draft_ids < 0) | (draft_ids >= vocab_size)).any()):
+    if bool(((num_draft_tokens < 0) | (num_draft_tokens > g)).any()):
+        raise ValueError(f"num_draft_tokens must lie in [0, g={g}], got {num_draft_tokens.tolist()}")
+    if g > 0 and bool(((draft_ids < 0) | (draft_ids >= vocab_size)).any()):
         raise ValueError(f"draft_ids must lie in [0, V={vocab_size})")
 
 
@@ -207,8 +207,8 @@ def _scan_row(
 
 def _on_path(probs: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
     """probs [B, g(+1), V], draft_ids [B, g] -> probability of each draft token [B, g] float64."""
-    gamma = draft_ids.shape[1]
-    return probs[:, :gamma].gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).double()
+    g = draft_ids.shape[1]
+    return probs[:, :g].gather(-1, draft_ids.unsqueeze(-1)).squeeze(-1).double()
 
 
 def _sample_next_tokens(
@@ -229,13 +229,13 @@ def _sample_next_tokens(
     Returns:
         next_tokens [B] long
     """
-    batch_size, gamma, _ = draft_probs.shape
+    batch_size, g, _ = draft_probs.shape
     rows = torch.arange(batch_size, device=target_probs.device)
     p = target_probs[rows, accepted_counts].float()  # [B, V]
     is_bonus = accepted_counts >= num_draft_tokens  # [B]
-    if gamma == 0:
+    if g == 0:
         return sample_from_probs(p, u)
-    q = draft_probs[rows, accepted_counts.clamp(max=gamma - 1)].float()  # [B, V]
+    q = draft_probs[rows, accepted_counts.clamp(max=g - 1)].float()  # [B, V]
     residual = (p * residual_scales.float().unsqueeze(-1)).sub_(q).clamp_(min=0.0)
     # A zero residual mass has probability zero in exact arithmetic; under rounding, fall back to
     # p rather than divide by zero.
@@ -244,8 +244,8 @@ def _sample_next_tokens(
     return sample_from_probs(weights, u)
 
 
-def _accepted_mask(accepted_counts: torch.Tensor, gamma: int) -> torch.Tensor:
-    positions = torch.arange(gamma, device=accepted_counts.device)
+def _accepted_mask(accepted_counts: torch.Tensor, g: int) -> torch.Tensor:
+    positions = torch.arange(g, device=accepted_counts.device)
     return positions.unsqueeze(0) < accepted_counts.unsqueeze(1)
 
 
@@ -293,13 +293,13 @@ def block_accepted_counts(
     Returns:
         accepted_counts [B] long
     """
-    gamma = eta.shape[1]
-    if gamma == 0:
+    g = eta.shape[1]
+    if g == 0:
         return torch.zeros_like(num_draft_tokens)
-    positions = torch.arange(1, gamma + 1, device=r.device)  # i = 1..g
+    positions = torch.arange(1, g + 1, device=r.device)  # i = 1..g
     n = num_draft_tokens.unsqueeze(1)
     h = r
-    if gamma > 1:
+    if g > 1:
         z = residual_masses.double()
         # 0/0 (Z_i = 0, r_i = 1) is h_i = 1: with r_i = 1 every later block is accepted.
         h_inner = z.div(z + (1.0 - r[:, :-1])).nan_to_num_(nan=1.0)
@@ -324,7 +324,7 @@ def verify_block(
         num_draft_tokens: n [B] long in [0, g]
         uniforms: eta [B, g], u [B]
     """
-    gamma = draft_ids.shape[1]
+    g = draft_ids.shape[1]
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
     _check_finite(target_probs, draft_probs)
     target_on_path, draft_on_path = _on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids)
@@ -335,7 +335,7 @@ def verify_block(
     next_tokens = _sample_next_tokens(
         target_probs, draft_probs, accepted_counts, num_draft_tokens, residual_scales, uniforms.u
     )
-    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))
+    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, g))
 
 
 def verify_token(
@@ -349,10 +349,10 @@ def verify_token(
 
     Same arguments as verify_block.
     """
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     _check_inputs(draft_ids, draft_probs, target_probs, num_draft_tokens)
     _check_finite(target_probs, draft_probs)
-    positions = torch.arange(gamma, device=draft_ids.device)
+    positions = torch.arange(g, device=draft_ids.device)
     # eta < p / q written without the division: q = 0 < p accepts, p = 0 rejects.
     passes = uniforms.eta * _on_path(draft_probs, draft_ids) < _on_path(target_probs, draft_ids)
     passes &= positions.unsqueeze(0) < num_draft_tokens.unsqueeze(1)
@@ -365,7 +365,7 @@ def verify_token(
         torch.ones(batch_size, dtype=torch.float64, device=draft_ids.device),
         uniforms.u,
     )
-    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))
+    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, g))
 
 
 def verify_greedy(
@@ -380,17 +380,17 @@ def verify_greedy(
     Same arguments as verify_block; draft_probs and uniforms are not used. target_probs may
     also be target logits (only the argmax matters).
     """
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     _check_inputs(draft_ids, None, target_probs, num_draft_tokens)
     _check_finite(target_probs, None)
     target_argmax = target_probs.argmax(dim=-1)  # [B, g+1]
-    positions = torch.arange(gamma, device=draft_ids.device)
-    passes = (draft_ids == target_argmax[:, :gamma]) & (
+    positions = torch.arange(g, device=draft_ids.device)
+    passes = (draft_ids == target_argmax[:, :g]) & (
         positions.unsqueeze(0) < num_draft_tokens.unsqueeze(1)
     )
     accepted_counts = _prefix_length(passes)
     next_tokens = target_argmax.gather(1, accepted_counts.unsqueeze(1)).squeeze(1)
-    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))
+    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, g))
 
 
 VerifyFn = Callable[..., VerifyOutput]

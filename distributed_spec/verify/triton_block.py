@@ -98,9 +98,9 @@ def verify_fused(
     """
     if method not in VERIFY_METHODS:
         raise ValueError(f"verifier.method must be one of {VERIFY_METHODS}, got {method!r}")
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     if num_draft_tokens is None:
-        num_draft_tokens = torch.full((batch_size,), gamma, dtype=torch.long, device=draft_ids.device)
+        num_draft_tokens = torch.full((batch_size,), g, dtype=torch.long, device=draft_ids.device)
     if method == "greedy" or params.is_greedy:
         return verify_greedy(draft_ids, None, target_logits, num_draft_tokens)
     if draft_probs is None or uniforms is None:
@@ -128,30 +128,30 @@ def verify_fused(
     num_draft_tokens = num_draft_tokens.to(torch.long).contiguous()
     eta = uniforms.eta.to(device=device, dtype=torch.float64).contiguous()
     u = uniforms.u.to(device=device, dtype=torch.float64).contiguous()
-    if gamma == 0:
+    if g == 0:
         # Valid pointers for the kernels' (fully masked) draft loads.
         draft_ids = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         draft_probs = torch.zeros(batch_size, 1, vocab_size, dtype=torch.float32, device=device)
         eta = torch.zeros(batch_size, 1, dtype=torch.float64, device=device)
 
     # [B, g+1, NB]: per-block max and sum of exp(logit/T - block max) of the warped target.
-    block_max = torch.empty(batch_size, gamma + 1, num_blocks, dtype=torch.float32, device=device)
+    block_max = torch.empty(batch_size, g + 1, num_blocks, dtype=torch.float32, device=device)
     block_sum = torch.empty_like(block_max)
     # [B, max(g, 1), NB]: residual mass of each vocabulary block, per candidate tau.
-    residual_masses = torch.zeros(batch_size, max(gamma, 1), num_blocks, dtype=torch.float32, device=device)
+    residual_masses = torch.zeros(batch_size, max(g, 1), num_blocks, dtype=torch.float32, device=device)
     accepted_counts = torch.empty(batch_size, dtype=torch.long, device=device)
     next_tokens = torch.empty(batch_size, dtype=torch.long, device=device)
     nb_pad = triton.next_power_of_2(num_blocks)
     common = dict(
         V=vocab_size,
         NB=num_blocks,
-        GAMMA=gamma,
+        GAMMA=g,
         BLOCK_V=block_size,
         NB_PAD=nb_pad,
         METHOD=_METHOD_IDS[method],
     )
 
-    _softmax_block_stats_kernel[(batch_size * (gamma + 1), num_blocks)](
+    _softmax_block_stats_kernel[(batch_size * (g + 1), num_blocks)](
         target_logits,
         thresholds,
         num_draft_tokens,
@@ -160,11 +160,11 @@ def verify_fused(
         temperature,
         V=vocab_size,
         NB=num_blocks,
-        GAMMA=gamma,
+        GAMMA=g,
         BLOCK_V=block_size,
     )
-    if gamma > 0:
-        _residual_block_masses_kernel[(batch_size * gamma, num_blocks)](
+    if g > 0:
+        _residual_block_masses_kernel[(batch_size * g, num_blocks)](
             target_logits,
             thresholds,
             draft_ids,
@@ -196,7 +196,7 @@ def verify_fused(
         **common,
     )
     return VerifyOutput(
-        accepted_counts, next_tokens, _accepted_mask(accepted_counts, draft_ids.shape[1])[:, :gamma]
+        accepted_counts, next_tokens, _accepted_mask(accepted_counts, draft_ids.shape[1])[:, :g]
     )
 
 

@@ -9,9 +9,15 @@ from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.coordinator import decode_settings
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.stopping import StopChecker
+from tests.configs import engine_replace
 
-CONFIG = EngineConfig(method="block", gamma=4, max_new_tokens=6, eos_token_ids=(1,))
+CONFIG = EngineConfig(
+    verifier=VerifierConfig(method="block", num_draft_tokens=4),
+    sampling=SamplingConfig(max_new_tokens=6),
+    eos_token_ids=(1,),
+)
 
 
 @pytest.mark.parametrize(
@@ -32,7 +38,9 @@ def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_outpu
 
 def test_greedy_verification_sends_no_probabilities():
     runtime = RayRuntimeConfig(wire_dtype="bfloat16", wire_top_k=16)
-    assert not decode_settings(replace(CONFIG, method="greedy"), runtime, "cpu").wire.send_probs
+    assert not decode_settings(
+        engine_replace(CONFIG, verifier=replace(CONFIG.verifier, method="greedy")), runtime, "cpu"
+    ).wire.send_probs
     wire = decode_settings(CONFIG, runtime, "cpu").wire
     assert wire.send_probs and wire.dtype == "bfloat16" and wire.top_k == 16
 
@@ -46,12 +54,22 @@ def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
 
 
 def test_a_draft_method_needs_a_draft_factory():
-    with pytest.raises(ValueError, match="engine.method=autoregressive"):
+    with pytest.raises(ValueError, match="verifier.method=autoregressive"):
         RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
-    with pytest.raises(ValueError, match="engine.proposer=ngram"):
-        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), RayRuntimeConfig())
+    with pytest.raises(ValueError, match="verifier.proposer=ngram"):
+        RayCoordinator(
+            TinyLlamaFactory(),
+            None,
+            engine_replace(CONFIG, verifier=replace(CONFIG.verifier, proposer="model+ngram")),
+            RayRuntimeConfig(),
+        )
     # n-gram blocks need no draft model.
-    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), RayRuntimeConfig()).close()
+    RayCoordinator(
+        TinyLlamaFactory(),
+        None,
+        engine_replace(CONFIG, verifier=replace(CONFIG.verifier, proposer="ngram")),
+        RayRuntimeConfig(),
+    ).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():

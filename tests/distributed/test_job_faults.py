@@ -47,7 +47,7 @@ def _args(job_inputs, out, *extra: str) -> list[str]:
         "sampling.max_new_tokens=24",
         "sampling.temperature=1.0",
         # A schedule of the row's own history: sampled completions are reproducible record by record.
-        "verifier.gamma_schedule=constant",
+        "verifier.draft_len_schedule=constant",
         *extra,
     )
 

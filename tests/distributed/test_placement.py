@@ -34,9 +34,9 @@ from distributed_spec.distributed.placement import (
     resolve_device,
 )
 from distributed_spec.engine import EngineConfig
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec
 from distributed_spec.plan import compose_job, main, plan_text
-from distributed_spec.verify import SamplingParams
 
 CUDA = {"device": "cuda", "backend": "nccl"}
 
@@ -167,7 +167,9 @@ def test_planned_slots_on_logical_gpus_co_locate_the_draft(gpu_cluster):
         slots = [*plan.shards, plan.draft]
         probes = [
             Probe.options(
-                num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=bundle_strategy(group, slot.bundle)
+                num_cpus=slot.num_cpus,
+                num_gpus=slot.num_gpus,
+                scheduling_strategy=bundle_strategy(group, slot.bundle),
             ).remote()
             for slot in slots
         ]
@@ -203,7 +205,9 @@ def test_files_are_fetched_before_loading_and_outside_the_load_timeout(gpu_clust
     # The load itself gets a 60 s budget (a busy 2-core machine can take 30 s to start an actor); the
     # fetch takes longer than that budget, so the launch only succeeds if the fetch is outside it.
     config = RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, load_timeout_s=60.0)
-    engine = EngineConfig(method="autoregressive", sampling=SamplingParams(temperature=0.0))
+    engine = EngineConfig(
+        verifier=VerifierConfig(method="autoregressive"), sampling=SamplingConfig(temperature=0.0)
+    )
     target = SlowFetchFactory(marker=str(tmp_path / "marker"), fetch_s=75.0)
     start = time.perf_counter()
     actors = launch(config, engine, target, None, draft_seed=0)

@@ -56,7 +56,7 @@ def ray_cluster():
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("replicas")
     target, draft = save_tiny_pair(root / "pair")
-    words = ["alpha", "beta", "gamma", "delta", "echo", "fox", "golf", "hotel"]
+    words = ["alpha", "beta", "g", "delta", "echo", "fox", "golf", "hotel"]
     lines = [json.dumps({"id": f"r{i:02d}", "prompt": f"{words[i % 8]} {i} says"}) for i in range(NUM_RECORDS)]
     (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
     return root, target, draft
@@ -77,7 +77,7 @@ def make_job(workdir, out: Path, num_replicas=1, temperature: float = 1.0, **par
             **parallel,
         ),
         # A schedule of the row's own history: sampled completions are reproducible record by record.
-        verifier=VerifierConfig(method="block", gamma=3, gamma_schedule="constant"),
+        verifier=VerifierConfig(method="block", num_draft_tokens=3, draft_len_schedule="constant"),
         sampling=SamplingConfig(temperature=temperature, max_new_tokens=MAX_NEW_TOKENS, seed=0),
         data=DataConfig(input_path=str(root / "prompts.jsonl"), output_dir=str(out), batch_size=3, fsync_every=1),
         tracking=TrackingConfig(mode="disabled", progress=False),
@@ -223,8 +223,8 @@ def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_pat
         f"sampling.max_new_tokens={MAX_NEW_TOKENS}",
         "sampling.temperature=1.0",
         "sampling.seed=0",
-        "verifier.gamma=3",
-        "verifier.gamma_schedule=constant",
+        "verifier.num_draft_tokens=3",
+        "verifier.draft_len_schedule=constant",
         "tracking=disabled",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]

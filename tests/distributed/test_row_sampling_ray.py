@@ -14,8 +14,10 @@ import ray
 from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.speculative import make_request
 from distributed_spec.verify import SamplingParams
+from tests.configs import engine_replace
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -23,7 +25,11 @@ TARGET = TinyLlamaFactory(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_
 DRAFT = TinyLlamaFactory(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_scale=8.0, noise=0.3)
 GREEDY, HOT = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)
 OWN = SamplingParams(temperature=0.7, top_p=0.9)
-CONFIG = EngineConfig(method="block", gamma=3, max_new_tokens=20, max_batch_size=8, sampling=HOT, seed=3)
+CONFIG = EngineConfig(
+    verifier=VerifierConfig(method="block", num_draft_tokens=3),
+    sampling=SamplingConfig(temperature=1.0, max_new_tokens=20, seed=3),
+    max_batch_size=8,
+)
 RUNTIME = RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [3], [20, 21, 22, 23, 24]]
 SETTINGS = [HOT, OWN, GREEDY, SamplingParams(temperature=1.3), OWN]
@@ -43,7 +49,9 @@ def decode(backend, vocab_size, max_context, prompts, settings, seeds):
 
 def decode_alone_locally(row: int) -> list[int]:
     engine = SpeculativeEngine(TARGET(), DRAFT(), CONFIG)
-    return decode(engine, engine.vocab_size, engine.max_context, [PROMPTS[row]], [SETTINGS[row]], [SEEDS[row]])[0]
+    return decode(
+        engine, engine.vocab_size, engine.max_context, [PROMPTS[row]], [SETTINGS[row]], [SEEDS[row]]
+    )[0]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,9 @@ def test_greedy_rows_stay_greedy_with_blocks_drafted_ahead(coordinator):
     actors = coordinator.actors
     settings = [GREEDY, OWN, GREEDY, HOT, GREEDY]
     mixed = decode(coordinator, actors.vocab_size, actors.max_context, PROMPTS, settings, [None] * 5)
-    engine = SpeculativeEngine(TARGET(), DRAFT(), replace(CONFIG, sampling=GREEDY))
+    engine = SpeculativeEngine(
+        TARGET(), DRAFT(), engine_replace(CONFIG, sampling=replace(CONFIG.sampling, temperature=0.0))
+    )
     greedy_prompts = [PROMPTS[row] for row in (0, 2, 4)]
     expected = decode(engine, engine.vocab_size, engine.max_context, greedy_prompts, [GREEDY] * 3, [None] * 3)
     assert [mixed[row] for row in (0, 2, 4)] == expected

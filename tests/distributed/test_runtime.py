@@ -21,7 +21,9 @@ from ray.util.placement_group import placement_group_table
 from distributed_spec.distributed import GroupFailure, RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.verify import SamplingParams
+from tests.configs import engine_replace
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -32,14 +34,16 @@ TARGET = TinyLlamaFactory(vocab_size=VOCAB_SIZE, num_layers=2, hidden=32, seed=0
 DRAFT = TinyLlamaFactory(vocab_size=VOCAB_SIZE, num_layers=2, hidden=32, seed=0, logit_scale=16.0, noise=0.2)
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [3], [20, 21, 22]]
 GREEDY = EngineConfig(
-    method="block", gamma=4, sampling=SamplingParams(temperature=0.0), max_new_tokens=24, max_batch_size=4
+    verifier=VerifierConfig(method="block", num_draft_tokens=4),
+    sampling=SamplingConfig(temperature=0.0, max_new_tokens=24),
+    max_batch_size=4,
 )
 # Fractional CPUs: 2 shards + draft fit in the test cluster's 4 logical CPUs twice over.
 RUNTIME = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 
 
 def engine_results(config: EngineConfig, prompts=PROMPTS):
-    draft = DRAFT() if config.uses_draft_model else None
+    draft = DRAFT() if config.verifier.uses_draft_model else None
     return SpeculativeEngine(TARGET(), draft, config).generate_with_stats(prompts)
 
 
@@ -60,14 +64,14 @@ def _actor_is_dead(actor) -> bool:
 
 def test_tp2_logits_equal_tp1_logits(tp2):
     input_ids = torch.randint(0, VOCAB_SIZE, (3, 12), generator=torch.Generator().manual_seed(1))
-    config = replace(GREEDY, method="autoregressive")
+    config = engine_replace(GREEDY, method="autoregressive")
     with RayCoordinator(TARGET, None, config, replace(RUNTIME, tp_size=1)) as tp1:
         (tp1_logits,) = ray.get([shard.logits.remote(input_ids) for shard in tp1.actors.shards])
         # While TP = 1 is up: the autoregressive baseline matches the engine's.
         results = tp1.generate(PROMPTS[:2])
         # ... and so do n-gram blocks, with no draft actor at all.
         assert tp1.actors.draft is None
-        tp1.config = replace(GREEDY, proposer="ngram")
+        tp1.config = engine_replace(GREEDY, proposer="ngram")
         ngram_results = tp1.generate(PROMPTS[:2])
     tp2_logits = ray.get([shard.logits.remote(input_ids) for shard in tp2.actors.shards])
     local_logits = TARGET()(input_ids=input_ids).logits.detach()
@@ -80,25 +84,31 @@ def test_tp2_logits_equal_tp1_logits(tp2):
     assert [r.token_ids for r in ngram_results] == [r.token_ids for r in reference]
 
 
-ADAPTIVE = {"gamma_schedule": "adaptive"}
+ADAPTIVE = {"draft_len_schedule": "adaptive"}
 CONFIDENCE_STOP = {"draft_confidence_threshold": 0.3}
 
 
 @pytest.mark.parametrize(
     ("method", "wire_dtype", "wire_top_k", "overlap", "draft_length"),
-    [("block", "float32", 0, False, {}), ("greedy", "float32", 0, False, {}),
-     ("block", "bfloat16", 0, True, {}), ("token", "float16", 8, True, {}),
-     ("block", "float32", 0, False, ADAPTIVE), ("block", "bfloat16", 0, True, ADAPTIVE),
-     ("block", "float32", 0, False, CONFIDENCE_STOP), ("token", "bfloat16", 0, True, {**ADAPTIVE, **CONFIDENCE_STOP})],
+    [
+        ("block", "float32", 0, False, {}),
+        ("greedy", "float32", 0, False, {}),
+        ("block", "bfloat16", 0, True, {}),
+        ("token", "float16", 8, True, {}),
+        ("block", "float32", 0, False, ADAPTIVE),
+        ("block", "bfloat16", 0, True, ADAPTIVE),
+        ("block", "float32", 0, False, CONFIDENCE_STOP),
+        ("token", "bfloat16", 0, True, {**ADAPTIVE, **CONFIDENCE_STOP}),
+    ],
 )
 def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, overlap, draft_length):
-    tp2.config = replace(GREEDY, method=method, **draft_length)
+    tp2.config = engine_replace(GREEDY, method=method, **draft_length)
     tp2.runtime = replace(RUNTIME, wire_dtype=wire_dtype, wire_top_k=wire_top_k, overlap=overlap)
     results, stats = tp2.generate_with_stats(PROMPTS)
     reference, reference_stats = engine_results(tp2.config)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     assert [r.finish_reason for r in results] == [r.finish_reason for r in reference]
-    assert all(len(r.token_ids) == GREEDY.max_new_tokens for r in results)
+    assert all(len(r.token_ids) == GREEDY.sampling.max_new_tokens for r in results)
     if overlap:
         # One row: the block drafted ahead is used whenever its block and bonus guess were right
         # (under "adaptive", only if it was drafted at the next step's longer g).
@@ -113,71 +123,86 @@ def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, 
 @pytest.mark.parametrize("draft_length", [{}, ADAPTIVE, {"draft_confidence_threshold": 0.3}])
 def test_sampling_replays_the_engine_exactly_without_overlap(tp2, draft_length):
     """Same seed, same order of uniforms: the same tokens as the engine, not just the same law."""
-    tp2.config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=3, **draft_length)
+    tp2.config = engine_replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=3, **draft_length)
     tp2.runtime = RUNTIME
     results = tp2.generate(PROMPTS)
     reference, _ = engine_results(tp2.config)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
-def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, gamma_schedule):
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive"])
+def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, draft_len_schedule):
     """Per-row random streams: Ray with 3 rows at a time, long prompts chunked, gives each prompt the
     tokens the single-process engine gives it alone (sampled)."""
     prompts = [[(3 * i + j) % VOCAB_SIZE for j in range(1 + (5 * i) % 11)] for i in range(10)]
-    config = replace(
+    config = engine_replace(
         GREEDY,
         sampling=SamplingParams(temperature=1.0),
         max_new_tokens=12,
         max_batch_size=3,
         prefill_chunk_tokens=4,
-        gamma_schedule=gamma_schedule,
-        max_gamma=6,
+        draft_len_schedule=draft_len_schedule,
+        max_draft_len=6,
         seed=7,
     )
     tp2.config = config
     tp2.runtime = RUNTIME
     results = tp2.generate(prompts)
-    alone, _ = engine_results(replace(config, max_batch_size=1, prefill_chunk_tokens=None), prompts)
+    alone, _ = engine_results(
+        engine_replace(config, max_batch_size=1, scheduling=replace(config.scheduling, prefill_chunk_tokens=None)),
+        prompts,
+    )
     assert [r.token_ids for r in results] == [r.token_ids for r in alone]
 
 
 def test_goodput_greedy_output_identical_to_engine(tp2):
-    tp2.config = replace(GREEDY, gamma_schedule="goodput", max_gamma=4)
+    tp2.config = engine_replace(GREEDY, draft_len_schedule="goodput", max_draft_len=4)
     tp2.runtime = RUNTIME
     results, stats = tp2.generate_with_stats(PROMPTS)
-    reference, _ = engine_results(replace(GREEDY, method="autoregressive"))
+    reference, _ = engine_results(engine_replace(GREEDY, method="autoregressive"))
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     assert sum(stats.num_steps_per_draft_len) == stats.num_target_calls
 
 
 @pytest.mark.parametrize(
     ("proposer", "wire_dtype", "wire_top_k", "overlap", "draft_length"),
-    [("ngram", "float32", 0, False, {}), ("model+ngram", "float32", 0, False, {}),
-     ("model+ngram", "bfloat16", 8, True, ADAPTIVE), ("ngram", "bfloat16", 0, False, {"gamma_schedule": "goodput"})],
+    [
+        ("ngram", "float32", 0, False, {}),
+        ("model+ngram", "float32", 0, False, {}),
+        ("model+ngram", "bfloat16", 8, True, ADAPTIVE),
+        ("ngram", "bfloat16", 0, False, {"draft_len_schedule": "goodput"}),
+    ],
 )
-def test_ngram_proposers_greedy_output_identical_to_engine(tp2, proposer, wire_dtype, wire_top_k, overlap, draft_length):
+def test_ngram_proposers_greedy_output_identical_to_engine(
+    tp2, proposer, wire_dtype, wire_top_k, overlap, draft_length
+):
     """n-gram blocks built on the driver (ngram) or laid into the draft actor's block (model+ngram)."""
-    tp2.config = replace(GREEDY, proposer=proposer, **draft_length)
+    tp2.config = engine_replace(GREEDY, proposer=proposer, **draft_length)
     tp2.runtime = replace(RUNTIME, wire_dtype=wire_dtype, wire_top_k=wire_top_k, overlap=overlap)
     results, stats = tp2.generate_with_stats(PROMPTS)
-    autoregressive, _ = engine_results(replace(GREEDY, method="autoregressive"))
+    autoregressive, _ = engine_results(engine_replace(GREEDY, method="autoregressive"))
     assert [r.token_ids for r in results] == [r.token_ids for r in autoregressive]
     assert stats.extra["proposer/rows_ngram"] > 0 and stats.extra["proposer/accepted_ngram"] > 0
     if proposer == "model+ngram":
         assert stats.extra["proposer/rows_model"] > 0
-    if draft_length.get("gamma_schedule") != "goodput":
+    if draft_length.get("draft_len_schedule") != "goodput":
         _, reference_stats = engine_results(tp2.config)
         counts = {name: value for name, value in stats.extra.items() if name.startswith("proposer/")}
-        assert counts == {name: value for name, value in reference_stats.extra.items() if name.startswith("proposer/")}
+        assert counts == {
+            name: value for name, value in reference_stats.extra.items() if name.startswith("proposer/")
+        }
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_ngram_proposers_sampling_replays_the_engine_exactly(tp2, proposer):
     """Same seed: the same tokens as the engine (point-mass q on the wire, the draft's cache in step)."""
     prompts = PROMPTS + [[4, 5, 4, 5, 4], [7, 8, 9, 7, 8]]
-    tp2.config = replace(
-        GREEDY, sampling=SamplingParams(temperature=0.5), seed=9, proposer=proposer, max_batch_size=3,
+    tp2.config = engine_replace(
+        GREEDY,
+        sampling=SamplingParams(temperature=0.5),
+        seed=9,
+        proposer=proposer,
+        max_batch_size=3,
         prefill_chunk_tokens=3,
     )
     tp2.runtime = RUNTIME
@@ -190,11 +215,15 @@ def test_ngram_proposers_sampling_replays_the_engine_exactly(tp2, proposer):
 def test_sampling_block_efficiency_matches_engine(tp2):
     """Overlap and bf16 q change the random streams, not the distribution of accepted lengths."""
     prompts = [[(7 * i + j) % VOCAB_SIZE for j in range(1 + i % 3)] for i in range(24)]
-    config = replace(GREEDY, sampling=SamplingParams(temperature=1.0), max_new_tokens=64, max_batch_size=8, seed=11)
+    config = engine_replace(
+        GREEDY, sampling=SamplingParams(temperature=1.0), max_new_tokens=64, max_batch_size=8, seed=11
+    )
     tp2.config = config
     tp2.runtime = replace(RUNTIME, wire_dtype="bfloat16", overlap=True)
     results, stats = tp2.generate_with_stats(prompts)
-    reference, reference_stats = engine_results(replace(config, seed=12), prompts)
+    reference, reference_stats = engine_results(
+        engine_replace(config, sampling=replace(config.sampling, seed=12)), prompts
+    )
 
     def mean_and_standard_error(rows):
         # Per-row mean accepted length, weighted by iterations; the standard error over rows.
@@ -206,19 +235,23 @@ def test_sampling_block_efficiency_matches_engine(tp2):
     ray_mean, ray_error = mean_and_standard_error(results)
     engine_mean, engine_error = mean_and_standard_error(reference)
     assert stats.num_row_iterations > 300 and reference_stats.num_row_iterations > 300
-    assert 0.3 < engine_mean < 3.7, "the pair must accept some but not all drafts for the test to mean anything"
+    assert 0.3 < engine_mean < 3.7, (
+        "the pair must accept some but not all drafts for the test to mean anything"
+    )
     assert abs(ray_mean - engine_mean) < 4 * math.hypot(ray_error, engine_error)
 
 
 def test_sampling_with_blocks_drafted_ahead(tp2):
     """One row at a time, so blocks drafted ahead get used while sampling (the hit path)."""
-    config = replace(GREEDY, sampling=SamplingParams(temperature=0.3), max_new_tokens=48, max_batch_size=1, seed=5)
+    config = engine_replace(
+        GREEDY, sampling=SamplingParams(temperature=0.3), max_new_tokens=48, max_batch_size=1, seed=5
+    )
     tp2.config = config
     tp2.runtime = replace(RUNTIME, overlap=True, wire_dtype="bfloat16")
     results, stats = tp2.generate_with_stats(PROMPTS[:3])
     assert tp2.timings.num_overlap_hits > 0
     assert all(len(r.token_ids) == 48 and r.finish_reason == "length" for r in results)
-    assert 1.0 <= stats.block_efficiency <= config.gamma + 1
+    assert 1.0 <= stats.block_efficiency <= config.verifier.num_draft_tokens + 1
 
 
 def test_dead_shard_and_dead_draft_are_replaced_and_output_unchanged(tp2):
@@ -281,7 +314,7 @@ def test_a_load_past_its_timeout_says_which_setting_and_leaves_nothing(ray_clust
         return {key for key, entry in placement_group_table().items() if entry["state"] != "REMOVED"}
 
     before = live_groups()  # the module's TP = 2 runtime may be up
-    config = replace(GREEDY, method="autoregressive")
+    config = engine_replace(GREEDY, method="autoregressive")
     coordinator = RayCoordinator(slow_target, None, config, replace(RUNTIME, tp_size=1, load_timeout_s=10.0))
     with pytest.raises(TimeoutError, match="parallel.load_timeout_s = 10 s"):
         coordinator.start()

@@ -20,7 +20,7 @@ from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import SpeculativeEngine
 from distributed_spec.jobs.runner import run
-from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, engine_config
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator
 from distributed_spec.models.tokenizers import eos_ids
 from tests.distributed.faulty import FaultyTarget
 from tests.jobs.cli_runs import read_jsonl
@@ -53,7 +53,7 @@ def _job(tmp_path, name: str, prompts: list[str], batch_size: int) -> JobConfig:
         "".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts))
     )
     return JobConfig(
-        verifier=VerifierConfig(method="block", gamma=3, gamma_schedule="constant"),
+        verifier=VerifierConfig(method="block", num_draft_tokens=3, draft_len_schedule="constant"),
         sampling=SamplingConfig(max_new_tokens=12, temperature=1.0),
         data=DataConfig(input_path=str(input_path), output_dir=str(tmp_path / name), batch_size=batch_size),
         tracking=TrackingConfig(mode="disabled", progress=False),
@@ -62,7 +62,7 @@ def _job(tmp_path, name: str, prompts: list[str], batch_size: int) -> JobConfig:
 
 def _run_with(target, job: JobConfig) -> tuple[tuple[dict, dict], RayCoordinator]:
     """Run the job on a TP = 2 runtime of `target`; returns completion ids and error reasons by id."""
-    config = engine_config(job, eos_ids(TOKENIZER, None))
+    config = job.engine_config(eos_ids(TOKENIZER, None))
     coordinator = RayCoordinator(target, DRAFT, config, RUNTIME, tokenizer=TOKENIZER)
     try:
         run(job, generator=_Generator(coordinator, config))
@@ -85,7 +85,7 @@ def _outputs(job: JobConfig) -> tuple[dict, dict]:
 def _reference(tmp_path, job: JobConfig) -> dict:
     """Completion ids of the same job on the single-process engine (no faults)."""
     job = replace(job, data=replace(job.data, output_dir=str(tmp_path / "reference")))
-    config = engine_config(job, eos_ids(TOKENIZER, None))
+    config = job.engine_config(eos_ids(TOKENIZER, None))
     run(job, generator=_Generator(SpeculativeEngine(TARGET(), DRAFT(), config, TOKENIZER), config))
     completions, errors = _outputs(job)
     assert not errors
@@ -93,7 +93,7 @@ def _reference(tmp_path, job: JobConfig) -> dict:
 
 
 def test_an_exception_in_the_step_becomes_that_records_error_without_reloading(ray_cluster, tmp_path):
-    prompts = ["alpha one", "beta two", f"gamma {POISON_TEXT} three", "delta four", "echo five"]
+    prompts = ["alpha one", "beta two", f"g {POISON_TEXT} three", "delta four", "echo five"]
     job = _job(tmp_path, "out", prompts, batch_size=4)
     target = FaultyTarget(TARGET, "value_error", poison=tuple(TOKENIZER.encode(POISON_TEXT)))
     (completions, errors), coordinator = _run_with(target, job)
@@ -108,7 +108,7 @@ def test_out_of_memory_retries_once_at_half_the_rows(ray_cluster, tmp_path):
     fail at 3 rows and go through one at a time."""
     prompts = [
         f"{word} {index}"
-        for index, word in enumerate(["alpha", "beta", "gamma", "delta", "echo", "fox", "golf"])
+        for index, word in enumerate(["alpha", "beta", "g", "delta", "echo", "fox", "golf"])
     ]
     job = _job(tmp_path, "out", prompts, batch_size=4)
     (completions, errors), coordinator = _run_with(FaultyTarget(TARGET, "oom", max_rows=1), job)
@@ -120,7 +120,7 @@ def test_out_of_memory_retries_once_at_half_the_rows(ray_cluster, tmp_path):
 
 
 def test_a_hung_step_relaunches_the_group_and_the_output_is_unchanged(ray_cluster, tmp_path):
-    prompts = ["alpha one", "beta two", "gamma three", "delta four", "echo five"]
+    prompts = ["alpha one", "beta two", "g three", "delta four", "echo five"]
     job = _job(tmp_path, "out", prompts, batch_size=4)
     target = FaultyTarget(TARGET, "hang", at_call=3, marker_dir=str(tmp_path))
     (completions, errors), coordinator = _run_with(target, job)

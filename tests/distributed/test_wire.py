@@ -25,18 +25,18 @@ def _probs(batch_size: int, vocab_size: int, seed: int) -> torch.Tensor:
     ids=lambda wire: f"{wire.dtype}-top{wire.top_k}",
 )
 def test_sampled_probs_equal_decoded_probs_bitwise(wire: WireFormat) -> None:
-    gamma, vocab_size = 3, 50
-    steps = [sample_view(_probs(4, vocab_size, seed), wire) for seed in range(gamma)]
+    g, vocab_size = 3, 50
+    steps = [sample_view(_probs(4, vocab_size, seed), wire) for seed in range(g)]
     sampled = torch.stack([step[0] for step in steps], dim=1)  # [B, g, V]
     values = torch.stack([step[1] for step in steps], dim=1)
     ids = None if steps[0][2] is None else torch.stack([step[2] for step in steps], dim=1)
-    block = DraftBlock(draft_ids=torch.zeros(4, gamma, dtype=torch.long), probs_values=values, probs_ids=ids,
+    block = DraftBlock(draft_ids=torch.zeros(4, g, dtype=torch.long), probs_values=values, probs_ids=ids,
                        vocab_size=vocab_size)
     decoded = unpack_probs(block, torch.device("cpu"))
     assert torch.equal(decoded, sampled)
-    assert torch.allclose(decoded.sum(-1), torch.ones(4, gamma), atol=1e-5)
+    assert torch.allclose(decoded.sum(-1), torch.ones(4, g), atol=1e-5)
     # The bench's byte count (computed, nothing run) is what the block carries.
-    assert block.num_wire_bytes == block_wire_bytes(4, gamma, vocab_size, wire)
+    assert block.num_wire_bytes == block_wire_bytes(4, g, vocab_size, wire)
 
 
 def test_top_k_keeps_only_k_ids_and_shrinks_the_message() -> None:

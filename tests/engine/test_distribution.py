@@ -22,6 +22,7 @@ import torch
 from scipy.stats import chisquare
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.speculative import make_request
 from distributed_spec.models.tiny import tiny_llama
 from distributed_spec.verify import SamplingParams, logits_to_probs
@@ -73,15 +74,12 @@ def chi_square_p_value(samples: list[list[int]], probs: np.ndarray) -> float:
 
 
 def sample_first_tokens(
-    target, draft, method: str, gamma: int, seed: int, batch_size: int = NUM_SAMPLES, **options
+    target, draft, method: str, num_draft_tokens: int, seed: int, batch_size: int = NUM_SAMPLES, **verifier
 ) -> list[list[int]]:
     config = EngineConfig(
-        method=method,
-        gamma=gamma,
-        **options,
-        max_new_tokens=NUM_TOKENS,
+        VerifierConfig(method=method, num_draft_tokens=num_draft_tokens, **verifier),
+        SamplingConfig(max_new_tokens=NUM_TOKENS, seed=seed),
         max_batch_size=batch_size,
-        seed=seed,
     )
     results = SpeculativeEngine(target, draft, config).generate([PROMPT] * NUM_SAMPLES)
     return [result.token_ids for result in results]
@@ -93,11 +91,11 @@ def test_exact_probs_sum_to_one(small_vocab_pair):
 
 
 @pytest.mark.parametrize(
-    ("method", "gamma"), [("block", 2), ("block", 3), ("token", 3), ("autoregressive", 0)]
+    ("method", "g"), [("block", 2), ("block", 3), ("token", 3), ("autoregressive", 0)]
 )
-def test_first_tokens_follow_the_target_distribution(small_vocab_pair, method, gamma):
+def test_first_tokens_follow_the_target_distribution(small_vocab_pair, method, g):
     target, draft = small_vocab_pair
-    samples = sample_first_tokens(target, draft, method, max(gamma, 1), seed=1000)
+    samples = sample_first_tokens(target, draft, method, max(g, 1), seed=1000)
     assert all(len(sample) == NUM_TOKENS for sample in samples)
     target_probs = exact_continuation_probs(target, PROMPT)
     assert chi_square_p_value(samples, target_probs) > P_VALUE_FLOOR
@@ -111,7 +109,9 @@ def test_adaptive_draft_length_keeps_the_target_distribution(small_vocab_pair, m
     """g starts at 1 and becomes 3 after a kept draft, 1 after a rejection: the second block's length
     depends on the first block's outcome. Batches of 32 rows, so the rows' histories set each step's g."""
     target, draft = small_vocab_pair
-    samples = sample_first_tokens(target, draft, method, 1, seed=2000, batch_size=32, gamma_schedule="adaptive")
+    samples = sample_first_tokens(
+        target, draft, method, 1, seed=2000, batch_size=32, draft_len_schedule="adaptive"
+    )
     assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
     assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
 
@@ -121,8 +121,9 @@ def test_confidence_stop_keeps_the_target_distribution(small_vocab_pair, method)
     """g = 3; a row's block ends after any draft token with q_i(X_i) < 0.15: about half the first blocks."""
     target, draft = small_vocab_pair
     config = EngineConfig(
-        method=method, gamma=3, max_new_tokens=NUM_TOKENS, max_batch_size=NUM_SAMPLES, seed=3000,
-        draft_confidence_threshold=0.15,
+        verifier=VerifierConfig(method=method, num_draft_tokens=3, draft_confidence_threshold=0.15),
+        sampling=SamplingConfig(max_new_tokens=NUM_TOKENS, seed=3000),
+        max_batch_size=NUM_SAMPLES,
     )
     results, stats = SpeculativeEngine(target, draft, config).generate_with_stats([PROMPT] * NUM_SAMPLES)
     samples = [result.token_ids for result in results]
@@ -138,7 +139,11 @@ def test_block_efficiency_of_block_at_least_token(small_vocab_pair):
     target, draft = small_vocab_pair
     means, variances = {}, {}
     for method in ("block", "token"):
-        config = EngineConfig(method=method, gamma=4, max_new_tokens=24, max_batch_size=2_000, seed=7)
+        config = EngineConfig(
+            verifier=VerifierConfig(method=method, num_draft_tokens=4),
+            sampling=SamplingConfig(max_new_tokens=24, seed=7),
+            max_batch_size=2_000,
+        )
         results = SpeculativeEngine(target, draft, config).generate([PROMPT] * 2_000)
         efficiencies = np.array([result.stats.block_efficiency for result in results])
         means[method] = efficiencies.mean()
@@ -153,7 +158,7 @@ def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method
     """g in {0, ..., 3} chosen each step from measured timings and acceptance so far (0: no draft)."""
     target, draft = small_vocab_pair
     samples = sample_first_tokens(
-        target, draft, method, 1, seed=3000, batch_size=32, gamma_schedule="goodput", max_gamma=3
+        target, draft, method, 1, seed=3000, batch_size=32, draft_len_schedule="goodput", max_draft_len=3
     )
     assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
     assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6
@@ -163,11 +168,15 @@ def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method
 NGRAM_PROMPT = [3, 1, 4, 1, 3, 1]
 
 
-@pytest.mark.parametrize(("method", "proposer"), [("block", "ngram"), ("token", "ngram"), ("block", "model+ngram")])
+@pytest.mark.parametrize(
+    ("method", "proposer"), [("block", "ngram"), ("token", "ngram"), ("block", "model+ngram")]
+)
 def test_ngram_proposers_keep_the_target_distribution(small_vocab_pair, method, proposer):
     target, draft = small_vocab_pair
     config = EngineConfig(
-        method=method, gamma=3, proposer=proposer, max_new_tokens=NUM_TOKENS, max_batch_size=NUM_SAMPLES, seed=4000
+        verifier=VerifierConfig(method=method, num_draft_tokens=3, proposer=proposer),
+        sampling=SamplingConfig(max_new_tokens=NUM_TOKENS, seed=4000),
+        max_batch_size=NUM_SAMPLES,
     )
     engine = SpeculativeEngine(target, draft if proposer == "model+ngram" else None, config)
     results, stats = engine.generate_with_stats([NGRAM_PROMPT] * NUM_SAMPLES)
@@ -186,8 +195,14 @@ def test_a_row_at_its_own_temperature_in_a_mixed_batch_follows_the_target_at_it(
     rows; each group's first tokens follow the target warped with that group's own settings."""
     target, draft = small_vocab_pair
     cool, hot = SamplingParams(temperature=0.5), SamplingParams(temperature=1.0, top_p=0.8)
-    settings = [(cool, hot, cool, SamplingParams(temperature=0.0))[index % 4] for index in range(2 * NUM_SAMPLES)]
-    config = EngineConfig(method="block", gamma=2, max_new_tokens=NUM_TOKENS, max_batch_size=1024, seed=4000)
+    settings = [
+        (cool, hot, cool, SamplingParams(temperature=0.0))[index % 4] for index in range(2 * NUM_SAMPLES)
+    ]
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=2),
+        sampling=SamplingConfig(max_new_tokens=NUM_TOKENS, seed=4000),
+        max_batch_size=1024,
+    )
     engine = SpeculativeEngine(target, draft, config)
     requests = [
         make_request(PROMPT, config, VOCAB_SIZE, None, key=index, seed_key=index, sampling=params)
@@ -209,10 +224,12 @@ def test_a_row_at_its_own_temperature_in_a_mixed_batch_follows_the_target_at_it(
     assert chi_square_p_value(samples[cool], exact_continuation_probs(draft, PROMPT, cool)) < 1e-6
     # Greedy rows all decode the one argmax continuation.
     assert len(greedy_samples) == 1
-@pytest.mark.parametrize(("num_paths", "gamma"), [(2, 2), (4, 1)])
-def test_multipath_keeps_the_target_distribution(small_vocab_pair, num_paths, gamma):
+
+
+@pytest.mark.parametrize(("num_paths", "g"), [(2, 2), (4, 1)])
+def test_multipath_keeps_the_target_distribution(small_vocab_pair, num_paths, g):
     """K i.i.d. draft paths per row, scored in one target forward, one kept (engine.num_paths)."""
     target, draft = small_vocab_pair
-    samples = sample_first_tokens(target, draft, "block", gamma, seed=4000, num_paths=num_paths)
+    samples = sample_first_tokens(target, draft, "block", g, seed=4000, num_paths=num_paths)
     assert chi_square_p_value(samples, exact_continuation_probs(target, PROMPT)) > P_VALUE_FLOOR
     assert chi_square_p_value(samples, exact_continuation_probs(draft, PROMPT)) < 1e-6

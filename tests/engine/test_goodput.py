@@ -24,15 +24,15 @@ def _simulate(optimism: float, num_steps: int = 300) -> list[int]:
     steps = [0, 0, 0]
     num_unlucky = 6
     for _ in range(num_steps):
-        gamma = policy.choose_step([(8, record)], 1)
-        steps[gamma] += 1
+        g = policy.choose_step([(8, record)], 1)
+        steps[g] += 1
         accepted = 0
-        while accepted < gamma and num_unlucky == 0 and rng.random() < TRUE_RATES[accepted]:
+        while accepted < g and num_unlucky == 0 and rng.random() < TRUE_RATES[accepted]:
             accepted += 1
-        num_unlucky = max(num_unlucky - gamma, 0)
-        record.observe(accepted, policy.predicted_accepted(gamma))
-        policy.observe_acceptance([gamma], [accepted])
-        policy.observe_step(1, gamma, STEP_SECONDS[gamma])
+        num_unlucky = max(num_unlucky - g, 0)
+        record.observe(accepted, policy.predicted_accepted(g))
+        policy.observe_acceptance([g], [accepted])
+        policy.observe_step(1, g, STEP_SECONDS[g])
     return steps
 
 

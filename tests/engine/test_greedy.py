@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.verify import VERIFY_METHODS, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -19,26 +20,29 @@ PROMPTS = {1: [[5, 6, 7]], 4: [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14, 15], [30,
 def autoregressive_outputs(tiny_pair):
     target, _ = tiny_pair
     engine = SpeculativeEngine(
-        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+        target,
+        None,
+        EngineConfig(
+            verifier=VerifierConfig(method="autoregressive"),
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        ),
     )
     return {batch_size: engine.generate(prompts) for batch_size, prompts in PROMPTS.items()}
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive", "goodput"])
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive", "goodput"])
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("g", [1, 3, 5])
 @pytest.mark.parametrize("method", VERIFY_METHODS)
 def test_greedy_speculative_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, gamma, batch_size, gamma_schedule
+    tiny_pair, autoregressive_outputs, method, g, batch_size, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(
-        method=method,
-        gamma=gamma,
-        gamma_schedule=gamma_schedule,
-        max_gamma=6,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
+        verifier=VerifierConfig(
+            method=method, num_draft_tokens=g, draft_len_schedule=draft_len_schedule, max_draft_len=6
+        ),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
     )
     results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[batch_size])
     expected = autoregressive_outputs[batch_size]
@@ -47,35 +51,42 @@ def test_greedy_speculative_equals_greedy_autoregressive(
         len(result.token_ids) == MAX_NEW_TOKENS and result.finish_reason == "length" for result in results
     )
     # The draft agrees sometimes, but not always: both accept and reject paths were exercised.
-    assert 1.0 < stats.block_efficiency < config.gamma_limit + 1
+    assert 1.0 < stats.block_efficiency < config.verifier.max_num_draft_tokens + 1
     assert 0 < sum(stats.num_accepted_per_position) < sum(stats.num_proposed_per_position)
     assert stats.num_tokens == batch_size * MAX_NEW_TOKENS
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive"])
 @pytest.mark.parametrize("method", VERIFY_METHODS)
 def test_greedy_with_the_confidence_stop_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, gamma_schedule
+    tiny_pair, autoregressive_outputs, method, draft_len_schedule
 ):
     """Blocks the draft ends early (its probability of its own token < 0.1) still give the target's tokens."""
     target, draft = tiny_pair
     config = EngineConfig(
-        method=method,
-        gamma=5,
-        gamma_schedule=gamma_schedule,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
-        draft_confidence_threshold=0.1,
+        verifier=VerifierConfig(
+            method=method,
+            num_draft_tokens=5,
+            draft_len_schedule=draft_len_schedule,
+            draft_confidence_threshold=0.1,
+        ),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
     )
     results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[4])
-    assert [result.token_ids for result in results] == [result.token_ids for result in autoregressive_outputs[4]]
+    assert [result.token_ids for result in results] == [
+        result.token_ids for result in autoregressive_outputs[4]
+    ]
     _, full_blocks = SpeculativeEngine(
-        target, draft, EngineConfig(method=method, gamma=5, gamma_schedule=gamma_schedule, sampling=GREEDY,
-                                    max_new_tokens=MAX_NEW_TOKENS)
+        target,
+        draft,
+        EngineConfig(
+            verifier=VerifierConfig(method=method, num_draft_tokens=5, draft_len_schedule=draft_len_schedule),
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        ),
     ).generate_with_stats(PROMPTS[4])
     # The stop ended some blocks early, not all: fewer drafts verified, fewer draft forwards run.
     assert 0 < stats.num_proposed_per_position[1] < stats.num_proposed_per_position[0]
-    if gamma_schedule == "constant":
+    if draft_len_schedule == "constant":
         # (The other schedules choose later blocks' lengths from what was kept: not comparable.)
         assert sum(stats.num_proposed_per_position) < sum(full_blocks.num_proposed_per_position)
         assert stats.num_draft_calls < full_blocks.num_draft_calls
@@ -84,7 +95,12 @@ def test_greedy_with_the_confidence_stop_equals_greedy_autoregressive(
 def test_autoregressive_stats_count_one_target_call_per_token(tiny_pair, autoregressive_outputs):
     target, _ = tiny_pair
     engine = SpeculativeEngine(
-        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+        target,
+        None,
+        EngineConfig(
+            verifier=VerifierConfig(method="autoregressive"),
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        ),
     )
     _, stats = engine.generate_with_stats(PROMPTS[4])
     assert stats.num_target_calls == MAX_NEW_TOKENS
@@ -97,11 +113,9 @@ def test_cache_compaction_policy_does_not_change_tokens(tiny_pair, autoregressiv
     """0.05: the caches compact after almost every iteration; 1.0: never (holes accumulate)."""
     target, draft = tiny_pair
     config = EngineConfig(
-        method="block",
-        gamma=4,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
-        compact_fraction=compact_fraction,
+        verifier=VerifierConfig(method="block", num_draft_tokens=4),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        scheduling=SchedulingConfig(compact_fraction=compact_fraction),
     )
     engine = SpeculativeEngine(target, draft, config)
     compactions = []
@@ -122,12 +136,12 @@ def test_cache_compaction_policy_does_not_change_tokens(tiny_pair, autoregressiv
 def test_single_token_prompts_decode_like_the_baseline(tiny_pair):
     target, draft = tiny_pair
     prompts = [[5], [9], [30]]
-    common = {"sampling": GREEDY, "max_new_tokens": 10}
-    expected = SpeculativeEngine(target, None, EngineConfig(method="autoregressive", **common)).generate(
-        prompts
-    )
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=10)
+    expected = SpeculativeEngine(
+        target, None, EngineConfig(VerifierConfig(method="autoregressive"), sampling)
+    ).generate(prompts)
     results, stats = SpeculativeEngine(
-        target, draft, EngineConfig(method="token", gamma=2, **common)
+        target, draft, EngineConfig(VerifierConfig(method="token", num_draft_tokens=2), sampling)
     ).generate_with_stats(prompts)
     assert [result.token_ids for result in results] == [result.token_ids for result in expected]
     assert stats.num_tokens == 30

@@ -11,12 +11,11 @@ tests/engine/test_distribution.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.engine.scheduler import Request, draw_path_uniforms, request_seed
 from distributed_spec.models.tiny import perturbed_copy
 from distributed_spec.verify import (
@@ -26,31 +25,33 @@ from distributed_spec.verify import (
     sample_from_probs,
     verify_paths,
 )
+from tests.configs import engine_replace
 from tests.engine import test_greedy
-from tests.engine.test_greedy import GREEDY, MAX_NEW_TOKENS, PROMPTS
+from tests.engine.test_greedy import MAX_NEW_TOKENS, PROMPTS
 
 SAMPLED = SamplingParams(temperature=1.0)
 # The greedy autoregressive outputs of PROMPTS (a module fixture of test_greedy.py).
 autoregressive_outputs = test_greedy.autoregressive_outputs
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "goodput"])
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "goodput"])
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("num_paths", [2, 4])
 @pytest.mark.parametrize("method", ["block", "greedy"])
 def test_greedy_multipath_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, num_paths, batch_size, gamma_schedule
+    tiny_pair, autoregressive_outputs, method, num_paths, batch_size, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(
-        method=method,
-        gamma=3,
-        num_paths=num_paths,
-        gamma_schedule=gamma_schedule,
-        max_gamma=4,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
-        prefill_chunk_tokens=2,  # prompts go in by chunks: the staged-prompt forward before forking
+        verifier=VerifierConfig(
+            method=method,
+            num_draft_tokens=3,
+            num_paths=num_paths,
+            draft_len_schedule=draft_len_schedule,
+            max_draft_len=4,
+        ),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=2),
     )
     results, stats = SpeculativeEngine(target, draft, config).generate_with_stats(PROMPTS[batch_size])
     assert [result.token_ids for result in results] == [
@@ -64,14 +65,14 @@ def _reference_multipath(
 ) -> tuple[list[int], list[int]]:
     """Constant-g multi-path decoding of one prompt with fresh forwards (no KV cache), drawing the
     uniforms as the scheduler does. Returns the output and the kept path of every step."""
-    generator = Request(key=key, prompt_ids=prompt, budget=0, seed=request_seed(config.seed, key)).generator
-    gamma, num_paths, params = config.gamma, config.num_paths, config.sampling
+    generator = Request(key=key, prompt_ids=prompt, budget=0, seed=request_seed(config.sampling.seed, key)).generator
+    g, num_paths, params = config.verifier.num_draft_tokens, config.verifier.num_paths, config.sampling.params
     output: list[int] = []
     kept_paths: list[int] = []
     with torch.no_grad():
-        while len(output) < config.max_new_tokens:
+        while len(output) < config.sampling.max_new_tokens:
             context = prompt + output
-            num_drafts = min(gamma, config.max_new_tokens - len(output) - 1)
+            num_drafts = min(g, config.sampling.max_new_tokens - len(output) - 1)
             if num_drafts == 0:  # a plain decoding step: one uniform
                 u = torch.rand(1, generator=generator, dtype=torch.float64)
                 probs = logits_to_probs(target(torch.tensor([context])).logits[:, -1], params)
@@ -94,7 +95,7 @@ def _reference_multipath(
                 :, -num_drafts - 1 :
             ]
             verified = verify_paths(
-                config.method,
+                config.verifier.method,
                 ids,
                 torch.stack(path_q)[None],
                 logits_to_probs(target_logits, params)[None],
@@ -104,7 +105,7 @@ def _reference_multipath(
             tau, path = int(verified.accepted_counts[0]), int(verified.path_indices[0])
             output.extend(paths[path][:tau] + [int(verified.next_tokens[0])])
             kept_paths.append(path)
-    return output[: config.max_new_tokens], kept_paths
+    return output[: config.sampling.max_new_tokens], kept_paths
 
 
 @pytest.mark.parametrize("num_paths", [2, 3])
@@ -113,12 +114,8 @@ def test_sampled_multipath_equals_a_reference_without_cache(tiny_pair, num_paths
     # A draft that often disagrees with the target: later paths get kept too.
     draft = perturbed_copy(target, noise=1.0, seed=1)
     config = EngineConfig(
-        method="block",
-        gamma=3,
-        num_paths=num_paths,
-        sampling=SAMPLED,
-        max_new_tokens=20,
-        seed=6,
+        verifier=VerifierConfig(method="block", num_draft_tokens=3, num_paths=num_paths),
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=20, seed=6),
         max_batch_size=3,
     )
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]
@@ -136,11 +133,13 @@ def test_a_prompt_decodes_the_same_alone_or_in_any_batch(tiny_pair):
     target, draft = tiny_pair
     prompts = [[(5 * index + offset) % 60 + 2 for offset in range(1 + index % 7)] for index in range(10)]
     config = EngineConfig(
-        method="block", gamma=3, num_paths=3, sampling=SAMPLED, max_new_tokens=12, seed=3, max_batch_size=1
+        verifier=VerifierConfig(method="block", num_draft_tokens=3, num_paths=3),
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=12, seed=3),
+        max_batch_size=1,
     )
 
     def decode(batch_size: int, **overrides) -> list[list[int]]:
-        engine = SpeculativeEngine(target, draft, replace(config, max_batch_size=batch_size, **overrides))
+        engine = SpeculativeEngine(target, draft, engine_replace(config, max_batch_size=batch_size, **overrides))
         return [result.token_ids for result in engine.generate(prompts)]
 
     alone = decode(1)
@@ -151,7 +150,7 @@ def test_a_prompt_decodes_the_same_alone_or_in_any_batch(tiny_pair):
 
 def test_multipath_draws_are_k_paths_then_eta_then_u():
     rows = [Request(key=key, prompt_ids=[1], budget=9, seed=key) for key in (0, 1, 2)]
-    draft_uniforms, eta, u = draw_path_uniforms(rows, [2, 3, 0], [True, True, False], gamma=3, num_paths=2)
+    draft_uniforms, eta, u = draw_path_uniforms(rows, [2, 3, 0], [True, True, False], g=3, num_paths=2)
     assert draft_uniforms.shape == eta.shape == (3, 2, 3) and u.shape == (3,)
     expected = torch.rand(13, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     torch.testing.assert_close(draft_uniforms[1].flatten(), expected[:6], rtol=0, atol=0)
@@ -165,13 +164,13 @@ def test_multipath_draws_are_k_paths_then_eta_then_u():
     "overrides, message",
     [
         ({"num_paths": 0}, "num_paths must be >= 1"),
-        ({"num_paths": 2, "method": "token"}, "num_paths=2 needs engine.method"),
+        ({"num_paths": 2, "method": "token"}, "num_paths=2 needs a draft model and verifier.method"),
         ({"num_paths": 2, "draft_confidence_threshold": 0.2}, "draft_confidence_threshold=0"),
     ],
 )
 def test_bad_num_paths_is_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**overrides)
+        VerifierConfig(**overrides)
 
 
 def test_the_ray_runtime_rejects_several_paths():
@@ -180,4 +179,6 @@ def test_the_ray_runtime_rejects_several_paths():
     from distributed_spec.distributed.coordinator import RayCoordinator
 
     with pytest.raises(ValueError, match="num_paths=2"):
-        RayCoordinator(object(), object(), EngineConfig(num_paths=2), RayRuntimeConfig())
+        RayCoordinator(
+            object(), object(), EngineConfig(verifier=VerifierConfig(num_paths=2)), RayRuntimeConfig()
+        )

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.engine.proposers import combine_blocks, ngram_block, point_mass_probs
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.verify import SamplingParams
@@ -23,7 +24,10 @@ PROMPTS = [[5, 6, 7, 5, 6], [8, 9, 8, 9, 8], [9, 10, 11, 12, 13, 14, 15], [30, 4
 @pytest.fixture(scope="module")
 def autoregressive_outputs(tiny_pair):
     target, _ = tiny_pair
-    config = EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="autoregressive"),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+    )
     return [result.token_ids for result in SpeculativeEngine(target, None, config).generate(PROMPTS)]
 
 
@@ -44,23 +48,24 @@ def test_point_mass_and_combined_blocks():
     assert torch.equal(alone_ids, ngram_ids) and torch.equal(alone_probs, probs)
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive", "goodput"])
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive", "goodput"])
 @pytest.mark.parametrize("method", ["block", "token", "greedy"])
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_greedy_output_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, proposer, method, gamma_schedule
+    tiny_pair, autoregressive_outputs, proposer, method, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(
-        method=method,
-        gamma=3,
-        gamma_schedule=gamma_schedule,
-        max_gamma=5,
-        proposer=proposer,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
+        verifier=VerifierConfig(
+            method=method,
+            num_draft_tokens=3,
+            draft_len_schedule=draft_len_schedule,
+            max_draft_len=5,
+            proposer=proposer,
+        ),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=3),
         max_batch_size=3,
-        prefill_chunk_tokens=3,
     )
     engine = SpeculativeEngine(target, draft if proposer == "model+ngram" else None, config)
     results, stats = engine.generate_with_stats(PROMPTS)
@@ -68,7 +73,10 @@ def test_greedy_output_equals_greedy_autoregressive(
     extra = stats.extra
     # n-gram blocks were verified, kept in part and rejected in part.
     assert 0 < extra["proposer/accepted_ngram"] < extra["proposer/proposed_ngram"]
-    assert sum(value for name, value in extra.items() if name.startswith("proposer/rows_")) == stats.num_row_iterations
+    assert (
+        sum(value for name, value in extra.items() if name.startswith("proposer/rows_"))
+        == stats.num_row_iterations
+    )
     if proposer == "ngram":
         assert stats.num_draft_calls == 0 and "proposer/rows_model" not in extra
     else:
@@ -88,7 +96,9 @@ class RecordingRunner(ModelRunner):
         if self.slot_ids.shape[1] != self.num_slots:  # add_rows started a fresh cache
             self.slot_ids = torch.zeros(self.batch_size - len(prompt_ids), 0, dtype=torch.long)
         assert num_slots == self.num_slots or self.num_slots == 0
-        self.slot_ids = torch.cat([self.slot_ids, torch.zeros(len(prompt_ids), self.num_slots, dtype=torch.long)])
+        self.slot_ids = torch.cat(
+            [self.slot_ids, torch.zeros(len(prompt_ids), self.num_slots, dtype=torch.long)]
+        )
 
     def forward_tokens(self, input_ids, input_mask=None, num_logits=None, max_staged=None):
         staged = [list(chunk) for chunk in self._staged]
@@ -123,26 +133,25 @@ class RecordingRunner(ModelRunner):
         return self.slot_ids[row][self.slot_mask[row].bool().cpu()].tolist()
 
 
-@pytest.mark.parametrize("gamma_schedule", ["constant", "goodput"])
-def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, gamma_schedule):
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "goodput"])
+def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, draft_len_schedule):
     """After every step, per decoding row: the draft's kept slots + its pending input = prompt + output
     (the invariant of sides.py), with blocks from n-grams, from the model, and steps without the model."""
     target, draft = tiny_pair
     config = EngineConfig(
-        method="block",
-        gamma=3,
-        gamma_schedule=gamma_schedule,
-        max_gamma=4,
-        proposer="model+ngram",
-        sampling=SamplingParams(temperature=0.3),
-        max_new_tokens=MAX_NEW_TOKENS,
+        verifier=VerifierConfig(
+            method="block",
+            num_draft_tokens=3,
+            draft_len_schedule=draft_len_schedule,
+            max_draft_len=4,
+            proposer="model+ngram",
+        ),
+        sampling=SamplingConfig(temperature=0.3, max_new_tokens=MAX_NEW_TOKENS, seed=4),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=3, compact_fraction=0.3),
         max_batch_size=3,
-        prefill_chunk_tokens=3,
-        compact_fraction=0.3,
-        seed=4,
     )
     engine = SpeculativeEngine(target, draft, config)
-    runner = RecordingRunner(draft, config.compact_fraction)
+    runner = RecordingRunner(draft, config.scheduling.compact_fraction)
     engine.executor.draft.runner = runner
     engine.executor.draft.reset()
     scheduler = engine.scheduler()
@@ -160,7 +169,9 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, gamma_sch
             # The last pending column is the row's Y: the draft's next logits are read there.
             assert side.pending_mask[index, -1] == 1
             from_ngram = bool(plan.from_ngram[index])
-            checked.append((from_ngram, from_ngram and plan.num_model_drafts > 0 and outcome.accepted_counts[index] > 0))
+            checked.append(
+                (from_ngram, from_ngram and plan.num_model_drafts > 0 and outcome.accepted_counts[index] > 0)
+            )
         return finished
 
     scheduler._record = record_and_check
@@ -183,8 +194,11 @@ def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, proposer):
 
     target, draft = tiny_pair
     config = EngineConfig(
-        method="block", gamma_schedule="goodput", max_gamma=4, proposer=proposer, sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS, max_batch_size=3,
+        verifier=VerifierConfig(
+            method="block", draft_len_schedule="goodput", max_draft_len=4, proposer=proposer
+        ),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        max_batch_size=3,
     )
     engine = SpeculativeEngine(target, draft if proposer == "model+ngram" else None, config)
     scheduler = engine.scheduler()
@@ -199,27 +213,37 @@ def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, proposer):
     def recording_plan(rows, keep_rows, joining):
         plan = original_plan(rows, keep_rows, joining)
         proposals = [
-            lookup(request.prompt_ids + request.output, min(request.remaining - 1, 4), 1, 3) for request in rows
+            lookup(request.prompt_ids + request.output, min(request.remaining - 1, 4), 1, 3)
+            for request in rows
         ]
         decoding = plan.decoding.tolist()
         limits = [
             (len(tokens) if tokens or proposer == "ngram" else min(request.remaining - 1, 4))
-            for tokens, request, on in zip(proposals, rows, decoding) if on
+            for tokens, request, on in zip(proposals, rows, decoding)
+            if on
         ]
         if limits:
             assert [min(limit, 4) for limit in offered[-1]] == limits
         for n, tokens, on in zip(plan.num_draft_tokens.tolist(), proposals, decoding):
             assert n <= (len(tokens) if tokens or proposer == "ngram" else 4) if on else n == 0
-        planned.append(plan.gamma)
+        planned.append(plan.g)
         return plan
 
     scheduler.goodput.choose_step = recording_choose
     scheduler._plan = recording_plan
-    results = {request.key: request.output for request in scheduler.run(
-        build_requests(PROMPTS, config, engine.vocab_size, engine.max_context)
-    )}
+    results = {
+        request.key: request.output
+        for request in scheduler.run(build_requests(PROMPTS, config, engine.vocab_size, engine.max_context))
+    }
     assert max(planned) > 1 and offered
     autoregressive = SpeculativeEngine(
-        target, None, EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+        target,
+        None,
+        EngineConfig(
+            verifier=VerifierConfig(method="autoregressive"),
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        ),
     ).generate(PROMPTS)
-    assert [results[index] for index in range(len(PROMPTS))] == [result.token_ids for result in autoregressive]
+    assert [results[index] for index in range(len(PROMPTS))] == [
+        result.token_ids for result in autoregressive
+    ]

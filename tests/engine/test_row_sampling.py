@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.speculative import make_request
 from distributed_spec.models.tiny import tiny_tokenizer
 from distributed_spec.verify import RowSampling, SamplingParams, logits_to_probs, verify_logits
 from distributed_spec.verify.rules import VerifyUniforms
+from tests.configs import engine_replace
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=1.0)
@@ -35,13 +37,15 @@ def test_row_warp_equals_each_row_warped_alone():
 @pytest.mark.parametrize("method", ["block", "token"])
 def test_row_verdicts_equal_each_row_verified_alone(method):
     generator = torch.Generator().manual_seed(1)
-    batch_size, gamma, vocab_size = len(SETTINGS), 3, 32
+    batch_size, g, vocab_size = len(SETTINGS), 3, 32
     sampling = RowSampling(tuple(SETTINGS))
-    draft_probs = logits_to_probs(torch.randn(batch_size, gamma, vocab_size, generator=generator) * 3, sampling)
+    draft_probs = logits_to_probs(
+        torch.randn(batch_size, g, vocab_size, generator=generator) * 3, sampling
+    )
     draft_ids = torch.stack([torch.multinomial(q, 1, generator=generator)[:, 0] for q in draft_probs])
-    target_logits = torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 3
+    target_logits = torch.randn(batch_size, g + 1, vocab_size, generator=generator) * 3
     uniforms = VerifyUniforms(
-        eta=torch.rand(batch_size, gamma, generator=generator, dtype=torch.float64),
+        eta=torch.rand(batch_size, g, generator=generator, dtype=torch.float64),
         u=torch.rand(batch_size, generator=generator, dtype=torch.float64),
     )
     together = verify_logits(method, draft_ids, draft_probs, target_logits, None, uniforms, sampling)
@@ -81,16 +85,36 @@ def decode(target, draft, config, prompts, settings, seeds=None, stops=None):
     return [finished[index] for index in range(len(prompts))]
 
 
-CONFIG = EngineConfig(method="block", gamma=3, max_new_tokens=20, max_batch_size=8, sampling=HOT)
+CONFIG = EngineConfig(
+    verifier=VerifierConfig(method="block", num_draft_tokens=3),
+    sampling=SamplingConfig(temperature=1.0, max_new_tokens=20),
+    max_batch_size=8,
+)
 
 
 @pytest.mark.parametrize("method", ["block", "token"])
 def test_a_greedy_row_among_sampled_rows_decodes_as_plain_greedy(tiny_pair, method):
     target, draft = tiny_pair
-    config = replace(CONFIG, method=method)
+    config = engine_replace(CONFIG, verifier=replace(CONFIG.verifier, method=method))
     mixed = decode(target, draft, config, PROMPTS, [HOT, GREEDY, HOT, HOT, GREEDY])
-    greedy_alone = decode(target, draft, replace(config, sampling=GREEDY), [PROMPTS[1], PROMPTS[4]], [None, None])
-    autoregressive = decode(target, None, replace(config, method="autoregressive", sampling=GREEDY), [PROMPTS[1]], [None])
+    greedy_alone = decode(
+        target,
+        draft,
+        engine_replace(config, sampling=replace(config.sampling, temperature=0.0)),
+        [PROMPTS[1], PROMPTS[4]],
+        [None, None],
+    )
+    autoregressive = decode(
+        target,
+        None,
+        engine_replace(
+            config,
+            verifier=replace(config.verifier, method="autoregressive"),
+            sampling=replace(config.sampling, temperature=0.0),
+        ),
+        [PROMPTS[1]],
+        [None],
+    )
     assert [mixed[1], mixed[4]] == greedy_alone
     assert mixed[1] == autoregressive[0]
 
@@ -98,7 +122,10 @@ def test_a_greedy_row_among_sampled_rows_decodes_as_plain_greedy(tiny_pair, meth
 @pytest.mark.parametrize("schedule", ["constant", "adaptive"])
 def test_a_sampled_row_with_its_own_seed_is_the_same_alone_and_mixed(tiny_pair, schedule):
     target, draft = tiny_pair
-    config = replace(CONFIG, gamma_schedule=schedule, max_gamma=4, gamma=2)
+    config = engine_replace(
+        CONFIG,
+        verifier=replace(CONFIG.verifier, draft_len_schedule=schedule, max_draft_len=4, num_draft_tokens=2),
+    )
     own = SamplingParams(temperature=0.7, top_p=0.9)
     settings = [HOT, own, GREEDY, SamplingParams(temperature=1.3), own]
     seeds = [None, 1234, None, 5, 99]
@@ -114,16 +141,22 @@ def test_a_sampled_row_with_its_own_seed_is_the_same_alone_and_mixed(tiny_pair, 
 def test_each_row_has_its_own_stop_strings(tiny_pair):
     target, draft = tiny_pair
     tokenizer = tiny_tokenizer(64)
-    config = replace(CONFIG, sampling=GREEDY)
+    config = engine_replace(CONFIG, sampling=replace(CONFIG.sampling, temperature=0.0))
     (free,) = decode(target, draft, config, [PROMPTS[0]], [None])
     stop = tokenizer.decode(free[4:6])
     assert stop
-    stopped, unstopped = decode(target, draft, config, [PROMPTS[0], PROMPTS[0]], [None, None], stops=[(stop,), None])
+    stopped, unstopped = decode(
+        target, draft, config, [PROMPTS[0], PROMPTS[0]], [None, None], stops=[(stop,), None]
+    )
     assert unstopped == free and len(stopped) < len(free) and stop in tokenizer.decode(stopped)
 
 
 def test_the_greedy_verifier_refuses_a_sampled_request(tiny_pair):
     target, draft = tiny_pair
-    config = replace(CONFIG, method="greedy", sampling=GREEDY)
+    config = engine_replace(
+        CONFIG,
+        verifier=replace(CONFIG.verifier, method="greedy"),
+        sampling=replace(CONFIG.sampling, temperature=0.0),
+    )
     with pytest.raises(ValueError, match="greedy verifier needs temperature 0"):
         decode(target, draft, config, [PROMPTS[0]], [HOT])

@@ -1,20 +1,19 @@
 """The scheduling loop: admission (continuous and static), chunked prefill, budgets, per-row randomness.
 
-    .venv/bin/python -m pytest tests/engine/test_scheduler.py -q
+.venv/bin/python -m pytest tests/engine/test_scheduler.py -q
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
 from distributed_spec.engine.speculative import build_requests
-from distributed_spec.verify import SamplingParams
+from tests.configs import engine_replace
 
 FILLER_TOKEN = 7
 
@@ -38,7 +37,7 @@ class RecordingExecutor:
         return StepOutcome(
             accepted_counts=plan.num_draft_tokens.clone(),
             next_tokens=torch.full((num_rows,), FILLER_TOKEN),
-            draft_ids=torch.full((num_rows, plan.gamma), 5),
+            draft_ids=torch.full((num_rows, plan.g), 5),
             num_draft_tokens=plan.num_draft_tokens.clone(),
         )
 
@@ -52,19 +51,19 @@ def _requests(budgets: list[int], prompt_len: int = 3) -> list[Request]:
 
 def test_rows_never_verify_past_their_budget():
     executor = RecordingExecutor()
-    config = EngineConfig(method="block", gamma=4, max_batch_size=2)
+    config = EngineConfig(verifier=VerifierConfig(method="block", num_draft_tokens=4), max_batch_size=2)
     finished = list(Scheduler(config, executor).run(_requests([3, 11])))
     first = executor.plans[0]
     # A row with 3 tokens left verifies 2 drafts (+1 correction/bonus); the step drafts the longest.
-    assert first.num_draft_tokens.tolist() == [2, 4] and first.gamma == 4
+    assert first.num_draft_tokens.tolist() == [2, 4] and first.g == 4
     assert sorted(len(request.output) for request in finished) == [3, 11]
     # Row 1: 5 + 5 tokens, then one token left: nothing to verify, a plain decoding step.
-    assert [plan.gamma for plan in executor.plans] == [4, 4, 0]
+    assert [plan.g for plan in executor.plans] == [4, 4, 0]
 
 
 def test_continuous_batching_admits_a_record_when_a_row_finishes():
     executor = RecordingExecutor()
-    config = EngineConfig(method="block", gamma=1, max_batch_size=2)
+    config = EngineConfig(verifier=VerifierConfig(method="block", num_draft_tokens=1), max_batch_size=2)
     finished = list(Scheduler(config, executor).run(_requests([2, 10, 4])))
     # Step 1 admits rows 0 and 1; row 0 (2 tokens, 2 per step) finishes; step 2 keeps row 1 and admits row 2.
     assert len(executor.plans[0].new_prompts) == 2
@@ -74,7 +73,11 @@ def test_continuous_batching_admits_a_record_when_a_row_finishes():
 
 def test_static_batching_waits_for_the_whole_batch():
     executor = RecordingExecutor()
-    config = EngineConfig(method="block", gamma=1, max_batch_size=2, continuous_batching=False)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=1),
+        scheduling=SchedulingConfig(continuous_batching=False),
+        max_batch_size=2,
+    )
     list(Scheduler(config, executor).run(_requests([2, 10, 4])))
     joined_at = [step for step, plan in enumerate(executor.plans) if plan.new_prompts]
     # Row 1 needs 5 steps (2 tokens each): row 2 joins only after it, alone.
@@ -83,7 +86,11 @@ def test_static_batching_waits_for_the_whole_batch():
 
 def test_long_prompts_go_in_by_chunks():
     executor = RecordingExecutor()
-    config = EngineConfig(method="block", gamma=2, max_batch_size=2, prefill_chunk_tokens=4)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=2),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=4),
+        max_batch_size=2,
+    )
     requests = [
         Request(key="long", prompt_ids=list(range(1, 11)), budget=3, seed=0),
         Request(key="short", prompt_ids=[1, 2], budget=3, seed=1),
@@ -101,27 +108,26 @@ def test_request_seeds_depend_on_seed_and_key_only():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("gamma_schedule", ["constant", "adaptive"])
-def test_a_prompt_decodes_the_same_alone_or_in_any_batch(tiny_pair, temperature, gamma_schedule):
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive"])
+def test_a_prompt_decodes_the_same_alone_or_in_any_batch(tiny_pair, temperature, draft_len_schedule):
     """Per-row generators: a prompt's tokens do not depend on which rows share its batch, on
     continuous vs static batches, or on prompt chunking."""
     target, draft = tiny_pair
     prompts = [[(5 * index + offset) % 60 + 2 for offset in range(1 + index % 7)] for index in range(16)]
     budgets = [6 + (index * 5) % 17 for index in range(16)]
     config = EngineConfig(
-        method="block",
-        gamma=3,
-        gamma_schedule=gamma_schedule,
-        max_gamma=5,
-        sampling=SamplingParams(temperature=temperature),
-        max_new_tokens=24,
-        seed=3,
+        verifier=VerifierConfig(
+            method="block", num_draft_tokens=3, draft_len_schedule=draft_len_schedule, max_draft_len=5
+        ),
+        sampling=SamplingConfig(temperature=temperature, max_new_tokens=24, seed=3),
     )
 
     def decode(batch_size: int, **overrides) -> list[list[int]]:
-        engine = SpeculativeEngine(target, draft, replace(config, max_batch_size=batch_size, **overrides))
+        engine = SpeculativeEngine(target, draft, engine_replace(config, max_batch_size=batch_size, **overrides))
         requests = [
-            Request(key=index, prompt_ids=prompt, budget=budget, seed=request_seed(config.seed, index))
+            Request(
+                key=index, prompt_ids=prompt, budget=budget, seed=request_seed(config.sampling.seed, index)
+            )
             for index, (prompt, budget) in enumerate(zip(prompts, budgets))
         ]
         finished = {request.key: request.output for request in engine.stream(requests)}
@@ -142,11 +148,8 @@ def test_goodput_stops_drafting_where_drafts_are_never_kept(tiny_pair):
 
     unrelated = tiny_llama(vocab_size=64, num_layers=2, hidden=32, seed=9, logit_scale=8.0)
     config = EngineConfig(
-        method="block",
-        gamma_schedule="goodput",
-        max_gamma=3,
-        sampling=SamplingParams(temperature=0.0),
-        max_new_tokens=60,
+        verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=3),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=60),
         max_batch_size=1,
     )
     engine = SpeculativeEngine(target, unrelated, config)
@@ -157,12 +160,16 @@ def test_goodput_stops_drafting_where_drafts_are_never_kept(tiny_pair):
     execute = engine.executor.execute
 
     def timed_execute(plan):
-        clock["now"] += 1.0 + 0.3 * plan.gamma
+        clock["now"] += 1.0 + 0.3 * plan.g
         return execute(plan)
 
     engine.executor.execute = timed_execute
     scheduler.clock = lambda: clock["now"]
-    list(scheduler.run(build_requests([[5, 6, 7]], config, engine.target_runner.vocab_size, engine.max_context)))
+    list(
+        scheduler.run(
+            build_requests([[5, 6, 7]], config, engine.target_runner.vocab_size, engine.max_context)
+        )
+    )
     stats = scheduler.stats
     steps = stats.num_steps_per_draft_len
     assert sum(steps) == stats.num_target_calls and len(steps) == 4
@@ -184,7 +191,7 @@ class OutOfMemoryExecutor(RecordingExecutor):
 
 
 def test_out_of_memory_is_retried_once_at_half_the_rows():
-    config = EngineConfig(method="block", gamma=2, max_batch_size=4)
+    config = EngineConfig(verifier=VerifierConfig(method="block", num_draft_tokens=2), max_batch_size=4)
     finished = list(Scheduler(config, OutOfMemoryExecutor(max_rows=2)).run(_requests([5] * 6)))
     assert sorted(request.key for request in finished) == list(range(6))
     assert all(request.output == [5, 5, FILLER_TOKEN, 5, FILLER_TOKEN] for request in finished)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec, load_pair
-from distributed_spec.verify import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +33,15 @@ def test_greedy_speculative_equals_autoregressive_on_smollm2():
         )["input_ids"]
         for question in QUESTIONS
     ]
-    common = {
-        "sampling": SamplingParams(temperature=0.0),
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "eos_token_ids": (tokenizer.eos_token_id,),
-    }
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
+    eos = (tokenizer.eos_token_id,)
     expected = SpeculativeEngine(
-        target.model, None, EngineConfig(method="autoregressive", **common)
+        target.model, None, EngineConfig(VerifierConfig(method="autoregressive"), sampling, eos_token_ids=eos)
     ).generate(prompts)
     results, stats = SpeculativeEngine(
-        target.model, draft.model, EngineConfig(method="block", gamma=3, **common)
+        target.model,
+        draft.model,
+        EngineConfig(VerifierConfig(method="block", num_draft_tokens=3), sampling, eos_token_ids=eos),
     ).generate_with_stats(prompts)
     assert [result.token_ids for result in results] == [result.token_ids for result in expected]
     assert [result.finish_reason for result in results] == [result.finish_reason for result in expected]

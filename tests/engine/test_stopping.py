@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
+from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models.tiny import tiny_tokenizer
 from distributed_spec.verify import SamplingParams
 
@@ -20,7 +21,10 @@ MAX_NEW_TOKENS = 20
 def free_running(tiny_pair):
     """Greedy outputs without any stop condition but the length."""
     target, _ = tiny_pair
-    config = EngineConfig(method="autoregressive", sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="autoregressive"),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+    )
     return [result.token_ids for result in SpeculativeEngine(target, None, config).generate(PROMPTS)]
 
 
@@ -29,10 +33,8 @@ def test_eos_truncates_each_row_at_its_first_eos(tiny_pair, free_running, method
     target, draft = tiny_pair
     eos_id = free_running[0][5]
     config = EngineConfig(
-        method=method,
-        gamma=3,
-        sampling=GREEDY,
-        max_new_tokens=MAX_NEW_TOKENS,
+        verifier=VerifierConfig(method=method, num_draft_tokens=3),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
         eos_token_ids=(eos_id,),
         max_batch_size=4,
     )
@@ -52,7 +54,8 @@ def test_stop_string_truncates_after_the_completing_token(tiny_pair, free_runnin
     tokenizer = tiny_tokenizer(64)
     stop = tokenizer.decode(free_running[1][6:8])
     config = EngineConfig(
-        method="block", gamma=4, sampling=GREEDY, max_new_tokens=MAX_NEW_TOKENS, stop_strings=(stop,)
+        verifier=VerifierConfig(method="block", num_draft_tokens=4),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, stop=[stop]),
     )
     results = SpeculativeEngine(target, draft, config, tokenizer=tokenizer).generate(PROMPTS)
     for result, expected in zip(results, free_running):
@@ -68,7 +71,10 @@ def test_stop_string_truncates_after_the_completing_token(tiny_pair, free_runnin
 def test_max_new_tokens_is_exact_for_every_gamma(tiny_pair):
     target, draft = tiny_pair
     for max_new_tokens in (1, 2, 7):
-        config = EngineConfig(method="block", gamma=5, max_new_tokens=max_new_tokens, seed=3)
+        config = EngineConfig(
+            verifier=VerifierConfig(method="block", num_draft_tokens=5),
+            sampling=SamplingConfig(max_new_tokens=max_new_tokens, seed=3),
+        )
         results = SpeculativeEngine(target, draft, config).generate(PROMPTS)
         assert all(len(result.token_ids) == max_new_tokens for result in results)
         assert all(result.finish_reason == "length" for result in results)
@@ -78,7 +84,11 @@ def test_sampling_is_reproducible_from_the_seed(tiny_pair):
     target, draft = tiny_pair
 
     def run(seed: int) -> list[list[int]]:
-        config = EngineConfig(method="block", gamma=3, max_new_tokens=16, seed=seed, max_batch_size=2)
+        config = EngineConfig(
+            verifier=VerifierConfig(method="block", num_draft_tokens=3),
+            sampling=SamplingConfig(max_new_tokens=16, seed=seed),
+            max_batch_size=2,
+        )
         return [result.token_ids for result in SpeculativeEngine(target, draft, config).generate(PROMPTS)]
 
     assert run(5) == run(5)
@@ -87,7 +97,11 @@ def test_sampling_is_reproducible_from_the_seed(tiny_pair):
 
 def test_batches_and_row_stats_add_up(tiny_pair):
     target, draft = tiny_pair
-    config = EngineConfig(method="token", gamma=3, max_new_tokens=12, max_batch_size=2, seed=1)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="token", num_draft_tokens=3),
+        sampling=SamplingConfig(max_new_tokens=12, seed=1),
+        max_batch_size=2,
+    )
     engine = SpeculativeEngine(target, draft, config)
     results, stats = engine.generate_with_stats(PROMPTS)
     assert stats.num_tokens == sum(len(result.token_ids) for result in results) == 12 * len(PROMPTS)

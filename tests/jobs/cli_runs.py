@@ -46,7 +46,7 @@ def tiny_args(tiny_pair, input_path, *extra: str) -> list[str]:
 
 def write_prompts(path: Path, num_records: int) -> None:
     """`num_records` prompts r000, r001, ... and one malformed line after the sixth."""
-    words = ["alpha", "beta", "gamma", "delta", "echo", "fox", "golf", "hotel"]
+    words = ["alpha", "beta", "g", "delta", "echo", "fox", "golf", "hotel"]
     with open(path, "w") as file:
         for index in range(num_records):
             file.write(

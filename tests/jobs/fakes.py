@@ -20,7 +20,7 @@ class FakeGenerator:
 
     def __init__(
         self,
-        gamma: int = 2,
+        g: int = 2,
         max_new_tokens: int = 4,
         max_context_len: int = 64,
         fail_on: int | None = None,
@@ -28,7 +28,7 @@ class FakeGenerator:
     ):
         self.tokenizer = tiny_chat_tokenizer()
         self.max_context_len = max_context_len
-        self.gamma = gamma
+        self.g = g
         self.max_new_tokens = max_new_tokens
         self.fail_on = fail_on
         self.batch_size = batch_size
@@ -41,9 +41,9 @@ class FakeGenerator:
     def stream(self, items):
         """Up to `batch_size` items are taken before any result is yielded (like a real batch)."""
         self.stats = RunStats(
-            gamma=self.gamma,
-            num_proposed_per_position=[0] * self.gamma,
-            num_accepted_per_position=[0] * self.gamma,
+            max_num_draft_tokens=self.g,
+            num_proposed_per_position=[0] * self.g,
+            num_accepted_per_position=[0] * self.g,
             extra={"transfer_s": 0.0},
         )
         items = iter(items)

@@ -37,7 +37,7 @@ def _job(tmp_path, **data_overrides) -> JobConfig:
     for key, value in data_overrides.items():
         setattr(data, key, value)
     return JobConfig(
-        verifier=VerifierConfig(method="block", gamma=2),
+        verifier=VerifierConfig(method="block", num_draft_tokens=2),
         sampling=SamplingConfig(max_new_tokens=4),
         data=data,
         tracking=TrackingConfig(mode="disabled", progress=False),

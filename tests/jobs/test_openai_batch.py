@@ -172,7 +172,7 @@ def _job(tmp_path, **sampling) -> JobConfig:
     if not input_path.exists():
         input_path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in BATCH))
     return JobConfig(
-        verifier=VerifierConfig(method=sampling.pop("method", "block"), gamma=2),
+        verifier=VerifierConfig(method=sampling.pop("method", "block"), num_draft_tokens=2),
         sampling=SamplingConfig(max_new_tokens=4, **sampling),
         data=DataConfig(
             input_path=str(input_path), output_dir=str(tmp_path / "out"), format="openai_batch", batch_size=2, fsync_every=1

@@ -40,10 +40,10 @@ def test_unreadable_middle_lines_and_duplicates_are_dropped(tmp_path):
 
 
 def test_run_meta_refuses_other_settings(tmp_path):
-    check_run_meta(tmp_path, {"verifier": {"gamma": 4}}, resume=True)
-    check_run_meta(tmp_path, {"verifier": {"gamma": 4}}, resume=True)
+    check_run_meta(tmp_path, {"verifier": {"num_draft_tokens": 4}}, resume=True)
+    check_run_meta(tmp_path, {"verifier": {"num_draft_tokens": 4}}, resume=True)
     with pytest.raises(ConfigError, match="data.output_dir.*data.resume=false"):
-        check_run_meta(tmp_path, {"verifier": {"gamma": 8}}, resume=True)
+        check_run_meta(tmp_path, {"verifier": {"num_draft_tokens": 8}}, resume=True)
     # Starting over is allowed and records the new settings.
-    check_run_meta(tmp_path, {"verifier": {"gamma": 8}}, resume=False)
-    assert json.loads((tmp_path / "run_meta.json").read_text()) == {"verifier": {"gamma": 8}}
+    check_run_meta(tmp_path, {"verifier": {"num_draft_tokens": 8}}, resume=False)
+    assert json.loads((tmp_path / "run_meta.json").read_text()) == {"verifier": {"num_draft_tokens": 8}}

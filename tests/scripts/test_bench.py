@@ -37,11 +37,11 @@ def test_runs_take_turns_batch_by_batch(monkeypatch):
     """Every run sees every batch exactly once, and who goes first rotates from batch to batch."""
     calls = []
 
-    def fake_engine(target, draft, prompts, method, gamma, *args):
+    def fake_engine(target, draft, prompts, method, g, *args):
         calls.append((method, tuple(map(tuple, prompts))))
         return bench.Tally(num_tokens=len(prompts), num_row_iterations=len(prompts), seconds=1.0)
 
-    def fake_hf(target, draft, prompt, gamma, *args):
+    def fake_hf(target, draft, prompt, g, *args):
         calls.append(("hf_assisted", (tuple(prompt),)))
         return bench.Tally(num_tokens=1, num_row_iterations=1, seconds=1.0)
 
@@ -73,7 +73,7 @@ def test_every_method_runs_on_tiny_models(pair, temperature):
         # No EOS id: every prompt runs to the token budget, whatever the method.
         assert tally.num_tokens == len(PROMPTS) * MAX_NEW_TOKENS, run
         assert tally.seconds > 0
-        limit = 1 if run.method == "autoregressive" else 1 + (6 if "adaptive" in run.method else run.gamma)
+        limit = 1 if run.method == "autoregressive" else 1 + (6 if "adaptive" in run.method else run.g)
         assert 1.0 <= tally.block_efficiency <= limit, run
         assert 0.0 <= tally.acceptance_rate <= 1.0
     assert tallies[runs[0]].num_proposed == 0
@@ -86,8 +86,8 @@ def test_every_method_runs_on_tiny_models(pair, temperature):
     assert tallies[runs[1]].acceptance_rate > 0
 
 
-@pytest.mark.parametrize("gamma", [1, 3])
-def test_hf_assisted_drafts_g_tokens_per_target_call(pair, gamma):
+@pytest.mark.parametrize("g", [1, 3])
+def test_hf_assisted_drafts_g_tokens_per_target_call(pair, g):
     """num_assistant_tokens = g reaches transformers (it reads the assistant's generation config):
     with a draft identical to the target and no confidence stop, every call keeps g drafts."""
     target, _ = pair
@@ -95,10 +95,10 @@ def test_hf_assisted_drafts_g_tokens_per_target_call(pair, gamma):
     draft.generation_config.assistant_confidence_threshold = 0.0
     tally = bench.Tally()
     for prompt in PROMPTS:
-        tally.add(bench.run_hf_assisted(target, SimpleNamespace(model=draft), prompt, gamma, 0.0, 0, 12, ()))
-    assert tally.num_proposed <= gamma * tally.num_row_iterations
+        tally.add(bench.run_hf_assisted(target, SimpleNamespace(model=draft), prompt, g, 0.0, 0, 12, ()))
+    assert tally.num_proposed <= g * tally.num_row_iterations
     assert tally.acceptance_rate == 1.0
-    assert tally.block_efficiency > gamma  # g + 1 per call, less only where the budget ends a row
+    assert tally.block_efficiency > g  # g + 1 per call, less only where the budget ends a row
     assert draft.generation_config.num_assistant_tokens is None  # restored afterwards
 
 
@@ -115,7 +115,7 @@ def test_append_reads_back_what_was_written(tmp_path):
     """--append continues a grid from results.json, and only with the dtype it was measured in."""
     rows = [bench.Measurement(0.0, 2, "greedy", 1, [1.5], [0.25], [20.0], [1.0])]
     costs = {"target_ms": [40.0, 42.0], "draft_ms": [4.0]}
-    args = SimpleNamespace(out=tmp_path, dtype="bfloat16", max_new_tokens=16, seeds=[0], threads=2, max_gamma=8)
+    args = SimpleNamespace(out=tmp_path, dtype="bfloat16", max_new_tokens=16, seeds=[0], threads=2, max_draft_len=8)
     bench.write_results(rows, costs, args, SimpleNamespace(name="t"), SimpleNamespace(name="d"), [[1]])
     assert bench.load_results(tmp_path / "results.json", "bfloat16") == rows
     assert "| 0.0 | 2 | 1 | greedy | 1.500 ± 0.000 |" in (tmp_path / "results.md").read_text()

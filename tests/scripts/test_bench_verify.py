@@ -11,7 +11,7 @@ def test_torch_table_on_a_tiny_grid():
 
 
 def test_old_flag_names_and_per_impl_defaults():
-    args = bench_verify.parse_args(["--batch", "1", "--gamma", "4", "--vocab", "64", "--repeats", "3"])
+    args = bench_verify.parse_args(["--batch", "1", "--g", "4", "--vocab", "64", "--repeats", "3"])
     assert (args.batch_sizes, args.gammas, args.vocab_sizes, args.iters) == ([1], [4], [64], 3)
     parallel = bench_verify.settings(bench_verify.parse_args(["--impl", "vocab_parallel"]), "vocab_parallel")
     assert parallel.batch_sizes == [1, 32, 128] and parallel.methods == ["block"] and parallel.iters == 5

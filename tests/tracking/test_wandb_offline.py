@@ -22,7 +22,7 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
         "".join(json.dumps({"id": f"r{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(5))
     )
     job = JobConfig(
-        verifier=VerifierConfig(method="token", gamma=2, gamma_schedule="constant", max_gamma=8),
+        verifier=VerifierConfig(method="token", num_draft_tokens=2, draft_len_schedule="constant", max_draft_len=8),
         sampling=SamplingConfig(max_new_tokens=4),
         data=DataConfig(input_path=str(input_path), output_dir=str(tmp_path / "out"), batch_size=2),
         tracking=TrackingConfig(mode="offline", project="test", tags=["unit"], progress=False),
@@ -33,11 +33,11 @@ def test_offline_run_holds_config_metrics_summary_and_samples(tmp_path):
     offline = wait_for_offline_run(runs[0])
     assert offline.complete
     assert offline.config["verifier"] == {
-        "method": "token", "gamma": 2, "gamma_schedule": "constant", "max_gamma": 8, "draft_confidence_threshold": 0.0,
+        "method": "token", "num_draft_tokens": 2, "draft_len_schedule": "constant", "max_draft_len": 8, "draft_confidence_threshold": 0.0,
         "proposer": "model", "ngram_min": 1, "ngram_max": 3, "num_paths": 1,
     }
     assert offline.config["sampling"]["max_new_tokens"] == 4
-    assert {"unit", "token", "gamma=2", "local"} <= set(offline.tags)
+    assert {"unit", "token", "d2", "local"} <= set(offline.tags)
     metric_rows = [row for row in offline.history if "tokens_per_s" in row]
     # Five records, batch_size 2: logged every two finished records and at the end (step = records).
     assert [row["_step"] for row in metric_rows] == [2, 4, 5]

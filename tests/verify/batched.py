@@ -11,10 +11,10 @@ from scipy import stats
 from tests.verify import oracle
 
 
-def dense_table(table: oracle.Table, context: tuple[int, ...], vocab_size: int, gamma: int) -> torch.Tensor:
-    """All prefixes of length 0..gamma after `context`, in base-V order -> [num_prefixes, V] float64."""
+def dense_table(table: oracle.Table, context: tuple[int, ...], vocab_size: int, g: int) -> torch.Tensor:
+    """All prefixes of length 0..g after `context`, in base-V order -> [num_prefixes, V] float64."""
     rows = []
-    for length in range(gamma + 1):
+    for length in range(g + 1):
         for prefix in itertools.product(range(vocab_size), repeat=length):
             rows.append(table(context + prefix))
     return torch.tensor(rows, dtype=torch.float64)
@@ -31,7 +31,7 @@ def prefix_index(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def sample_block_inputs(
-    p_dense: torch.Tensor, q_dense: torch.Tensor, num_rows: int, gamma: int, generator: torch.Generator
+    p_dense: torch.Tensor, q_dense: torch.Tensor, num_rows: int, g: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draft blocks sampled from q, with their q and p.
 
@@ -39,13 +39,13 @@ def sample_block_inputs(
         draft_ids [N, g] long, draft_probs [N, g, V] float32, target_probs [N, g+1, V] float32
     """
     vocab_size = p_dense.shape[1]
-    draft_ids = torch.zeros(num_rows, gamma, dtype=torch.long)
-    draft_probs = torch.zeros(num_rows, gamma, vocab_size)
-    target_probs = torch.zeros(num_rows, gamma + 1, vocab_size)
-    for i in range(gamma + 1):
+    draft_ids = torch.zeros(num_rows, g, dtype=torch.long)
+    draft_probs = torch.zeros(num_rows, g, vocab_size)
+    target_probs = torch.zeros(num_rows, g + 1, vocab_size)
+    for i in range(g + 1):
         index = prefix_index(draft_ids[:, :i], vocab_size)
         target_probs[:, i] = p_dense[index].float()
-        if i < gamma:
+        if i < g:
             q_i = q_dense[index]
             draft_probs[:, i] = q_i.float()
             draft_ids[:, i] = torch.multinomial(q_i, 1, generator=generator).squeeze(1)

@@ -57,16 +57,16 @@ def _normalise(weights: Dist) -> Dist:
 
 def block_h(p_on: list[float], q_on: list[float], p_next: list[Dist], q_next: list[Dist]) -> list[float]:
     """h_1..h_g of block verification; p_next[i], q_next[i] are p_{i+2}, q_{i+2} (0-based i < g-1)."""
-    gamma = len(p_on)
-    if gamma == 0:
+    g = len(p_on)
+    if g == 0:
         # No draft: tau = 0 surely and Y ~ p_1.
         return [], []
     r, rs = 1.0, []
-    for i in range(gamma):
+    for i in range(g):
         r = min(1.0, r * p_on[i] / q_on[i]) if q_on[i] > 0 else (1.0 if p_on[i] > 0 and r > 0 else 0.0)
         rs.append(r)
     h = []
-    for i in range(gamma - 1):
+    for i in range(g - 1):
         z = sum(max(rs[i] * a - b, 0.0) for a, b in zip(p_next[i], q_next[i]))
         denominator = z + 1.0 - rs[i]
         h.append(z / denominator if denominator > 0 else 1.0)
@@ -90,16 +90,16 @@ StopRule = Callable[[tuple[int, ...]], bool]
 
 
 def iteration_outcomes(
-    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, stop: StopRule | None = None
+    method: str, p: Table, q: Table, context: tuple[int, ...], g: int, stop: StopRule | None = None
 ) -> dict:
     """Exact distribution of one iteration: {(tau, emitted tokens tuple): probability}.
 
-    With `stop`, the block is X_1..X_L for the first L < gamma at which stop(context + X_1..X_L)
-    holds (else L = gamma), and is verified as a block of length L.
+    With `stop`, the block is X_1..X_L for the first L < g at which stop(context + X_1..X_L)
+    holds (else L = g), and is verified as a block of length L.
     """
     vocab_size = len(p(context))
     outcomes: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
-    for full_draft in itertools.product(range(vocab_size), repeat=gamma):
+    for full_draft in itertools.product(range(vocab_size), repeat=g):
         # The tokens after a stop are never drafted: their probabilities sum to 1 over this loop.
         draft_prob = 1.0
         for i, x in enumerate(full_draft):
@@ -107,7 +107,7 @@ def iteration_outcomes(
         if draft_prob == 0.0:
             continue
         length = next(
-            (i for i in range(1, gamma) if stop is not None and stop(context + full_draft[:i])), gamma
+            (i for i in range(1, g) if stop is not None and stop(context + full_draft[:i])), g
         )
         draft = full_draft[:length]
         prefixes = [context + draft[:i] for i in range(length + 1)]
@@ -148,18 +148,18 @@ def iteration_outcomes(
 
 
 def emitted_distribution(
-    method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int, stop: StopRule | None = None
+    method: str, p: Table, q: Table, context: tuple[int, ...], g: int, stop: StopRule | None = None
 ) -> dict:
     """{emitted tokens tuple: probability} of one iteration."""
     emitted: dict[tuple[int, ...], float] = defaultdict(float)
-    for (_, tokens), prob in iteration_outcomes(method, p, q, context, gamma, stop).items():
+    for (_, tokens), prob in iteration_outcomes(method, p, q, context, g, stop).items():
         emitted[tokens] += prob
     return dict(emitted)
 
 
-def expected_accepted(method: str, p: Table, q: Table, context: tuple[int, ...], gamma: int) -> float:
+def expected_accepted(method: str, p: Table, q: Table, context: tuple[int, ...], g: int) -> float:
     """E[tau]: expected accepted draft tokens of one iteration."""
-    return sum(tau * prob for (tau, _), prob in iteration_outcomes(method, p, q, context, gamma).items())
+    return sum(tau * prob for (tau, _), prob in iteration_outcomes(method, p, q, context, g).items())
 
 
 def speculative_sequence_distribution(
@@ -167,18 +167,18 @@ def speculative_sequence_distribution(
     p: Table,
     q: Table,
     context: tuple[int, ...],
-    gamma: int | Callable[[tuple[int, ...]], int],
+    g: int | Callable[[tuple[int, ...]], int],
     length: int,
     stop: StopRule | None = None,
 ) -> dict[tuple[int, ...], float]:
     """Exact distribution of the first `length` generated tokens over repeated iterations.
 
-    `gamma` may be a function of the context so far (a draft-length schedule that depends on what
+    `g` may be a function of the context so far (a draft-length schedule that depends on what
     was generated before the iteration).
     """
 
     def step(ctx: tuple[int, ...]) -> dict:
-        block_length = gamma(ctx) if callable(gamma) else gamma
+        block_length = g(ctx) if callable(g) else g
         return emitted_distribution(method, p, q, ctx, block_length, stop)
 
     return _compose_iterations(context, length, step)
@@ -240,11 +240,11 @@ def policy_sequence_distribution(
             result[generated[:length]] += prob
             return
         ctx = context + generated
-        gamma = policy(ctx, history)
-        if (ctx, gamma) not in memo:
-            memo[(ctx, gamma)] = iteration_outcomes(method, p, q, ctx, gamma)
-        for (tau, tokens), tokens_prob in memo[(ctx, gamma)].items():
-            expand(generated + tokens, history + ((gamma, tau),), prob * tokens_prob)
+        g = policy(ctx, history)
+        if (ctx, g) not in memo:
+            memo[(ctx, g)] = iteration_outcomes(method, p, q, ctx, g)
+        for (tau, tokens), tokens_prob in memo[(ctx, g)].items():
+            expand(generated + tokens, history + ((g, tau),), prob * tokens_prob)
 
     expand((), (), 1.0)
     return dict(result)
@@ -275,23 +275,23 @@ def decide(
     """The oracle's decision for one row given its uniforms: (tau, Y, distance of u * total to the
     nearest CDF boundary). Implementations given the same uniforms must agree where the distance
     is not tiny (float32 inputs may round a boundary either way)."""
-    gamma = len(draft)
-    prefixes = [draft[:i] for i in range(gamma + 1)]
+    g = len(draft)
+    prefixes = [draft[:i] for i in range(g + 1)]
     p_on = [p(prefixes[i])[x] for i, x in enumerate(draft)]
     q_on = [q(prefixes[i])[x] for i, x in enumerate(draft)]
     if method == "block":
-        h, rs = block_h(p_on, q_on, [p(pre) for pre in prefixes[1:gamma]], [q(pre) for pre in prefixes[1:gamma]])
-        tau = max([i + 1 for i in range(gamma) if eta[i] < h[i]], default=0)
+        h, rs = block_h(p_on, q_on, [p(pre) for pre in prefixes[1:g]], [q(pre) for pre in prefixes[1:g]])
+        tau = max([i + 1 for i in range(g) if eta[i] < h[i]], default=0)
         scale = ([1.0] + rs)[tau]
     elif method == "token":
         tau = 0
-        while tau < gamma and eta[tau] < min(1.0, p_on[tau] / q_on[tau]):
+        while tau < g and eta[tau] < min(1.0, p_on[tau] / q_on[tau]):
             tau += 1
         scale = 1.0
     else:
         raise ValueError(method)
     p_next = p(prefixes[tau])
-    weights = p_next if tau == gamma else [max(scale * a - b, 0.0) for a, b in zip(p_next, q(prefixes[tau]))]
+    weights = p_next if tau == g else [max(scale * a - b, 0.0) for a, b in zip(p_next, q(prefixes[tau]))]
     threshold = u * sum(weights)
     cdf = list(itertools.accumulate(weights))
     y = next(i for i, c in enumerate(cdf) if c > threshold)
@@ -308,19 +308,19 @@ def _multipath_stage(p: Table, qs: list[Table], context, paths, k: int, depth: i
     Returns h of that block and, for every verdict tau = depth..g, (tau, the weights Y would be drawn
     from, whether it is the bonus): residual max(r_tau P_{tau+1} - q_{tau+1}, 0), or p_{g+1}.
     """
-    path, gamma = paths[k], len(paths[k])
-    prefixes = [context + path[:i] for i in range(gamma + 1)]
+    path, g = paths[k], len(paths[k])
+    prefixes = [context + path[:i] for i in range(g + 1)]
     p_dists = [p(pre) for pre in prefixes]
-    q_dists = [qs[k](pre) for pre in prefixes[:gamma]]
+    q_dists = [qs[k](pre) for pre in prefixes[:g]]
     target_first = p_dists[depth] if first is None else first
-    p_on = [target_first[path[depth]]] + [p_dists[i][path[i]] for i in range(depth + 1, gamma)]
-    q_on = [q_dists[i][path[i]] for i in range(depth, gamma)]
-    h, rs = block_h(p_on, q_on, p_dists[depth + 1 : gamma], q_dists[depth + 1 : gamma])
+    p_on = [target_first[path[depth]]] + [p_dists[i][path[i]] for i in range(depth + 1, g)]
+    q_on = [q_dists[i][path[i]] for i in range(depth, g)]
+    h, rs = block_h(p_on, q_on, p_dists[depth + 1 : g], q_dists[depth + 1 : g])
     stages = []
-    for accepted in range(gamma - depth + 1):
+    for accepted in range(g - depth + 1):
         tau = depth + accepted
-        if tau == gamma:
-            stages.append((tau, p_dists[gamma], True))
+        if tau == g:
+            stages.append((tau, p_dists[g], True))
             continue
         base = target_first if accepted == 0 else p_dists[tau]
         scale = 1.0 if accepted == 0 else rs[accepted - 1]
@@ -333,7 +333,7 @@ def _next_sharing(paths, k: int, tau: int) -> int | None:
 
 
 def multipath_outcomes(
-    p: Table, qs: list[Table], context: tuple[int, ...], gamma: int, lossy: bool = False
+    p: Table, qs: list[Table], context: tuple[int, ...], g: int, lossy: bool = False
 ) -> dict:
     """Exact distribution of one multi-path iteration: {(tau, emitted tokens): probability}.
 
@@ -341,10 +341,10 @@ def multipath_outcomes(
     is a control that must fail the lossless check: the next path verified against p itself
     instead of the residual."""
     vocab_size = len(p(context))
-    if gamma == 0:
+    if g == 0:
         return {(0, (y,)): prob for y, prob in enumerate(p(context)) if prob > 0.0}
     outcomes: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
-    all_paths = list(itertools.product(range(vocab_size), repeat=gamma))
+    all_paths = list(itertools.product(range(vocab_size), repeat=g))
     for paths in itertools.product(all_paths, repeat=len(qs)):
         weight = 1.0
         for path, q in zip(paths, qs):
@@ -371,7 +371,7 @@ def multipath_outcomes(
 
 
 def multipath_sequence_distribution(
-    p: Table, qs: list[Table], context: tuple[int, ...], gamma: int, length: int, lossy: bool = False
+    p: Table, qs: list[Table], context: tuple[int, ...], g: int, length: int, lossy: bool = False
 ) -> dict[tuple[int, ...], float]:
     """Exact distribution of the first `length` tokens over repeated multi-path iterations."""
     memo: dict[tuple[int, ...], dict] = {}
@@ -384,7 +384,7 @@ def multipath_sequence_distribution(
         ctx = context + generated
         if ctx not in memo:
             emitted: dict[tuple[int, ...], float] = defaultdict(float)
-            for (_, tokens), tokens_prob in multipath_outcomes(p, qs, ctx, gamma, lossy).items():
+            for (_, tokens), tokens_prob in multipath_outcomes(p, qs, ctx, g, lossy).items():
                 emitted[tokens] += tokens_prob
             memo[ctx] = emitted
         for tokens, tokens_prob in memo[ctx].items():
@@ -394,9 +394,9 @@ def multipath_sequence_distribution(
     return dict(result)
 
 
-def multipath_block_efficiency(p: Table, qs: list[Table], context: tuple[int, ...], gamma: int) -> float:
+def multipath_block_efficiency(p: Table, qs: list[Table], context: tuple[int, ...], g: int) -> float:
     """E[tau + 1]: expected output tokens of one multi-path iteration (exact)."""
-    return sum((tau + 1) * prob for (tau, _), prob in multipath_outcomes(p, qs, context, gamma).items())
+    return sum((tau + 1) * prob for (tau, _), prob in multipath_outcomes(p, qs, context, g).items())
 
 
 def decide_multipath(

@@ -13,16 +13,16 @@ TOY_DRAFT = [2 / 3, 1 / 3]
 
 @pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize(
-    ("vocab_size", "gamma", "length"),
+    ("vocab_size", "g", "length"),
     [(2, 1, 4), (3, 1, 3), (3, 2, 4), (3, 3, 4), (4, 2, 3), (3, 4, 5), (5, 2, 3)],
 )
-def test_lossless_sequence_distribution(method, vocab_size, gamma, length):
+def test_lossless_sequence_distribution(method, vocab_size, g, length):
     """Theorem 1: repeated iterations produce exactly the target's sequence distribution."""
     for seed in range(3):
         p = oracle.RandomTable(vocab_size, seed=100 + seed, concentration=0.7)
         q = oracle.RandomTable(vocab_size, seed=200 + seed, concentration=0.7)
         context = (seed % vocab_size,)
-        speculative = oracle.speculative_sequence_distribution(method, p, q, context, gamma, length)
+        speculative = oracle.speculative_sequence_distribution(method, p, q, context, g, length)
         target = oracle.target_sequence_distribution(p, context, length)
         assert abs(sum(speculative.values()) - 1.0) < 1e-9
         assert oracle.total_variation(speculative, target) < 1e-9
@@ -42,8 +42,8 @@ def test_lossless_with_draft_side_stops(method, rule):
             "context_hash": lambda prefix: hash(prefix) % 3 == 0,
         }[rule]
         target = oracle.target_sequence_distribution(p, (0,), 3)
-        for gamma in (2, 3, 4):
-            speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), gamma, 3, stop)
+        for g in (2, 3, 4):
+            speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), g, 3, stop)
             assert oracle.total_variation(speculative, target) < 1e-9
         # The rule does end some blocks early (else this test would only repeat the one above).
         ends = [stop((0,) + prefix) for n in (1, 2) for prefix in itertools.product(range(4), repeat=n)]
@@ -70,13 +70,13 @@ def test_lossless_with_the_goodput_schedule(method):
 
     def policy(ctx, history):
         goodput = GoodputPolicy(max_draft_len=3, explore_every=0, min_samples=1)
-        for gamma in seconds:
-            goodput.observe_step(1, gamma, seconds[gamma])
+        for g in seconds:
+            goodput.observe_step(1, g, seconds[g])
         record = RowAcceptance()
-        for gamma, tau in history:
-            goodput.observe_acceptance([gamma], [tau])
+        for g, tau in history:
+            goodput.observe_acceptance([g], [tau])
             record.num_accepted += tau
-            record.num_predicted += goodput.predicted_accepted(gamma)
+            record.num_predicted += goodput.predicted_accepted(g)
         return goodput.choose_step([(3, record)], 1)
 
     p = oracle.RandomTable(3, seed=700, concentration=0.7)
@@ -88,31 +88,31 @@ def test_lossless_with_the_goodput_schedule(method):
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
-@pytest.mark.parametrize(("vocab_size", "gamma"), [(2, 2), (3, 3), (4, 2)])
-def test_lossless_with_point_mass_drafts(method, vocab_size, gamma):
+@pytest.mark.parametrize(("vocab_size", "g"), [(2, 2), (3, 3), (4, 2)])
+def test_lossless_with_point_mass_drafts(method, vocab_size, g):
     """q a point mass at a token chosen from the prefix (a draft that names its tokens): still exact."""
     for seed in range(3):
         p = oracle.RandomTable(vocab_size, seed=900 + seed, concentration=0.7)
         q = oracle.point_mass_table(vocab_size, lambda prefix, seed=seed: hash((seed, prefix)) % vocab_size)
-        speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), gamma, 4)
+        speculative = oracle.speculative_sequence_distribution(method, p, q, (0,), g, 4)
         assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, (0,), 4)) < 1e-9
         # Both verdicts occur: the point mass is kept sometimes and rejected sometimes.
-        taus = {tau for tau, _ in oracle.iteration_outcomes(method, p, q, (0,), gamma)}
+        taus = {tau for tau, _ in oracle.iteration_outcomes(method, p, q, (0,), g)}
         assert 0 in taus and len(taus) > 1
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
-@pytest.mark.parametrize(("min_n", "max_n", "gamma"), [(1, 2, 2), (1, 3, 3), (2, 3, 3)])
-def test_lossless_with_ngram_blocks(method, min_n, max_n, gamma):
+@pytest.mark.parametrize(("min_n", "max_n", "g"), [(1, 2, 2), (1, 3, 3), (2, 3, 3)])
+def test_lossless_with_ngram_blocks(method, min_n, max_n, g):
     """The engine's n-gram proposer (engine/ngram.py) names each block from the context so far,
     empty when nothing matches: the sequence distribution is still exactly the target's."""
     from distributed_spec.engine.ngram import lookup
 
-    p = oracle.RandomTable(3, seed=950 + gamma, concentration=0.5)
+    p = oracle.RandomTable(3, seed=950 + g, concentration=0.5)
     context = (0, 1, 2, 0, 1)
 
     def propose(ctx):
-        return tuple(lookup(list(ctx), gamma, min_n, max_n))
+        return tuple(lookup(list(ctx), g, min_n, max_n))
 
     speculative = oracle.proposer_sequence_distribution(method, p, context, propose, 4)
     assert abs(sum(speculative.values()) - 1.0) < 1e-9
@@ -144,12 +144,12 @@ def test_block_never_worse_than_token():
     strictly_better = 0
     instances = 0
     for seed in range(40):
-        for vocab_size, gamma in [(3, 2), (4, 3), (3, 4)]:
+        for vocab_size, g in [(3, 2), (4, 3), (3, 4)]:
             p = oracle.RandomTable(vocab_size, seed=1000 + seed, concentration=0.5)
             q = oracle.RandomTable(vocab_size, seed=2000 + seed, concentration=0.5)
-            token = oracle.expected_accepted("token", p, q, (0,), gamma)
-            block = oracle.expected_accepted("block", p, q, (0,), gamma)
-            assert block >= token - 1e-12, (seed, vocab_size, gamma, block, token)
+            token = oracle.expected_accepted("token", p, q, (0,), g)
+            block = oracle.expected_accepted("block", p, q, (0,), g)
+            assert block >= token - 1e-12, (seed, vocab_size, g, block, token)
             strictly_better += block > token + 1e-9
             instances += 1
     assert instances >= 100
@@ -165,16 +165,16 @@ def point_mass_table(vocab_size: int, seed: int) -> oracle.Table:
 
 
 @pytest.mark.parametrize(
-    ("vocab_size", "gamma", "num_paths", "length"),
+    ("vocab_size", "g", "num_paths", "length"),
     [(3, 1, 2, 3), (3, 1, 3, 3), (3, 2, 2, 3), (3, 2, 3, 3), (2, 3, 2, 4), (2, 1, 4, 4)],
 )
-def test_multipath_lossless_sequence_distribution(vocab_size, gamma, num_paths, length):
+def test_multipath_lossless_sequence_distribution(vocab_size, g, num_paths, length):
     """K i.i.d. draft paths: repeated iterations produce exactly the target's sequence distribution."""
     for seed in range(2):
         p = oracle.RandomTable(vocab_size, seed=900 + seed, concentration=0.7)
         q = oracle.RandomTable(vocab_size, seed=950 + seed, concentration=0.7)
         context = (seed % vocab_size,)
-        speculative = oracle.multipath_sequence_distribution(p, [q] * num_paths, context, gamma, length)
+        speculative = oracle.multipath_sequence_distribution(p, [q] * num_paths, context, g, length)
         assert abs(sum(speculative.values()) - 1.0) < 1e-9
         assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, context, length)) < 1e-9
 
@@ -183,9 +183,9 @@ def test_multipath_with_one_path_is_block_verification():
     for seed in range(3):
         p = oracle.RandomTable(3, seed=10 + seed, concentration=0.6)
         q = oracle.RandomTable(3, seed=20 + seed, concentration=0.6)
-        for gamma in (0, 1, 2, 3):
-            block = oracle.iteration_outcomes("block", p, q, (1,), gamma)
-            assert oracle.total_variation(oracle.multipath_outcomes(p, [q], (1,), gamma), block) < 1e-12
+        for g in (0, 1, 2, 3):
+            block = oracle.iteration_outcomes("block", p, q, (1,), g)
+            assert oracle.total_variation(oracle.multipath_outcomes(p, [q], (1,), g), block) < 1e-12
 
 
 @pytest.mark.parametrize("num_paths", [1, 2, 3])
@@ -195,11 +195,11 @@ def test_multipath_lossless_with_point_mass_drafts(num_paths):
     p = oracle.RandomTable(3, seed=31, concentration=0.7)
     model = oracle.RandomTable(3, seed=32, concentration=0.7)
     target = oracle.target_sequence_distribution(p, (0,), 3)
-    for gamma in (1, 2):
-        point_mass = point_mass_table(3, seed=gamma)
+    for g in (1, 2):
+        point_mass = point_mass_table(3, seed=g)
         for qs in ([point_mass] * num_paths, [model] * (num_paths - 1) + [point_mass], [point_mass] + [model] * (num_paths - 1)):
-            speculative = oracle.multipath_sequence_distribution(p, qs, (0,), gamma, 3)
-            assert oracle.total_variation(speculative, target) < 1e-9, (gamma, num_paths)
+            speculative = oracle.multipath_sequence_distribution(p, qs, (0,), g, 3)
+            assert oracle.total_variation(speculative, target) < 1e-9, (g, num_paths)
 
 
 def test_multipath_oracle_detects_a_lossy_rule():

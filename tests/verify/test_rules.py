@@ -37,25 +37,25 @@ def _outcome_counts(output, draft_ids, num_draft_tokens) -> Counter:
 
 
 @pytest.mark.parametrize("method", ["block", "token"])
-@pytest.mark.parametrize(("vocab_size", "gamma"), [(3, 2), (4, 3)])
-def test_sampled_outcomes_match_oracle_with_ragged_rows(method, vocab_size, gamma):
+@pytest.mark.parametrize(("vocab_size", "g"), [(3, 2), (4, 3)])
+def test_sampled_outcomes_match_oracle_with_ragged_rows(method, vocab_size, g):
     p = oracle.RandomTable(vocab_size, seed=7, concentration=0.8)
     q = oracle.RandomTable(vocab_size, seed=8, concentration=0.8)
     context = (1,)
     generator = torch.Generator().manual_seed(0)
     num_rows = 120_000
     draft_ids, draft_probs, target_probs = sample_block_inputs(
-        dense_table(p, context, vocab_size, gamma),
-        dense_table(q, context, vocab_size, gamma),
+        dense_table(p, context, vocab_size, g),
+        dense_table(q, context, vocab_size, g),
         num_rows,
-        gamma,
+        g,
         generator,
     )
-    num_draft_tokens = torch.randint(0, gamma + 1, (num_rows,), generator=generator)
-    uniforms = draw_uniforms(num_rows, gamma, generator)
+    num_draft_tokens = torch.randint(0, g + 1, (num_rows,), generator=generator)
+    uniforms = draw_uniforms(num_rows, g, generator)
     output = verify(method, draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
     counts = _outcome_counts(output, draft_ids, num_draft_tokens)
-    for n in range(gamma + 1):
+    for n in range(g + 1):
         expected = (
             {(0, (y,)): prob for y, prob in enumerate(p(context))}
             if n == 0
@@ -106,16 +106,16 @@ def test_decisions_match_oracle_for_identical_uniforms(method, draft):
     """Deterministic: tau and Y equal what the oracle's h (or acceptance) and residual dictate; also
     for point-mass q (the n-gram proposer's)."""
     generator = torch.Generator().manual_seed(3)
-    vocab_size, gamma = 5, 4
+    vocab_size, g = 5, 4
     for seed in range(30):
         p = oracle.RandomTable(vocab_size, seed=300 + seed, concentration=0.6)
         q = oracle.RandomTable(vocab_size, seed=400 + seed, concentration=0.6)
         if draft == "point_mass":
             q = oracle.point_mass_table(vocab_size, lambda prefix, seed=seed: hash((seed, prefix)) % vocab_size)
         draft_ids, draft_probs, target_probs = sample_block_inputs(
-            dense_table(p, (), vocab_size, gamma), dense_table(q, (), vocab_size, gamma), 64, gamma, generator
+            dense_table(p, (), vocab_size, g), dense_table(q, (), vocab_size, g), 64, g, generator
         )
-        uniforms = draw_uniforms(64, gamma, generator)
+        uniforms = draw_uniforms(64, g, generator)
         output = verify(method, draft_ids, draft_probs, target_probs, None, uniforms)
         for row in range(64):
             tau, y, margin = oracle.decide(
@@ -135,20 +135,20 @@ def test_decisions_match_oracle_for_identical_uniforms(method, draft):
 def test_block_scan_equals_the_full_residual_computation():
     """verify_block skips Z_i where eta_i >= r_i; tau must equal h from every Z_i (ragged rows, r = 1 rows)."""
     generator = torch.Generator().manual_seed(11)
-    batch_size, gamma, vocab_size = 96, 8, 1000
-    target_logits = torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 2
+    batch_size, g, vocab_size = 96, 8, 1000
+    target_logits = torch.randn(batch_size, g + 1, vocab_size, generator=generator) * 2
     draft_logits = (
-        target_logits[:, :gamma] + torch.randn(batch_size, gamma, vocab_size, generator=generator) * 0.5
+        target_logits[:, :g] + torch.randn(batch_size, g, vocab_size, generator=generator) * 0.5
     )
-    draft_logits[: batch_size // 4] = target_logits[: batch_size // 4, :gamma]  # q = p: r = 1 throughout
+    draft_logits[: batch_size // 4] = target_logits[: batch_size // 4, :g]  # q = p: r = 1 throughout
     params = SamplingParams(temperature=1.0, top_k=50)  # zeros in p and q
     target_probs, draft_probs = logits_to_probs(target_logits, params), logits_to_probs(draft_logits, params)
     draft_ids = torch.multinomial(draft_probs.view(-1, vocab_size), 1, generator=generator).view(
-        batch_size, gamma
+        batch_size, g
     )
-    num_draft_tokens = torch.randint(0, gamma + 1, (batch_size,), generator=generator)
+    num_draft_tokens = torch.randint(0, g + 1, (batch_size,), generator=generator)
     for _ in range(5):
-        uniforms = draw_uniforms(batch_size, gamma, generator)
+        uniforms = draw_uniforms(batch_size, g, generator)
         output = verify("block", draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
         r = block_acceptance_probs(_on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids))
         all_masses = (
@@ -162,23 +162,23 @@ def test_block_scan_equals_the_full_residual_computation():
 @pytest.mark.parametrize("method", ["block", "token", "greedy"])
 def test_one_hot_inputs_reduce_to_greedy(method):
     generator = torch.Generator().manual_seed(4)
-    batch_size, gamma, vocab_size = 256, 5, 7
-    target_ids = torch.randint(0, vocab_size, (batch_size, gamma + 1), generator=generator)
+    batch_size, g, vocab_size = 256, 5, 7
+    target_ids = torch.randint(0, vocab_size, (batch_size, g + 1), generator=generator)
     draft_ids = torch.where(
-        torch.rand(batch_size, gamma, generator=generator) < 0.7,
-        target_ids[:, :gamma],
-        torch.randint(0, vocab_size, (batch_size, gamma), generator=generator),
+        torch.rand(batch_size, g, generator=generator) < 0.7,
+        target_ids[:, :g],
+        torch.randint(0, vocab_size, (batch_size, g), generator=generator),
     )
     target_probs = torch.nn.functional.one_hot(target_ids, vocab_size).float()
     draft_probs = torch.nn.functional.one_hot(draft_ids, vocab_size).float()
-    num_draft_tokens = torch.randint(0, gamma + 1, (batch_size,), generator=generator)
+    num_draft_tokens = torch.randint(0, g + 1, (batch_size,), generator=generator)
     output = verify(
         method,
         draft_ids,
         draft_probs,
         target_probs,
         num_draft_tokens,
-        draw_uniforms(batch_size, gamma, generator),
+        draw_uniforms(batch_size, g, generator),
     )
     expected_tau = []
     for row in range(batch_size):
@@ -195,7 +195,7 @@ def test_one_hot_inputs_reduce_to_greedy(method):
 def test_warped_distributions_match_oracle(method):
     """top-k / top-p / temperature applied to both models, then verified: outcomes follow the oracle on
     the warped tables."""
-    vocab_size, gamma = 6, 2
+    vocab_size, g = 6, 2
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)
     logits_p = oracle.RandomTable(vocab_size, seed=11)
     logits_q = oracle.RandomTable(vocab_size, seed=12)
@@ -210,25 +210,25 @@ def test_warped_distributions_match_oracle(method):
     generator = torch.Generator().manual_seed(5)
     num_rows = 100_000
     draft_ids, draft_probs, target_probs = sample_block_inputs(
-        dense_table(p, (), vocab_size, gamma),
-        dense_table(q, (), vocab_size, gamma),
+        dense_table(p, (), vocab_size, g),
+        dense_table(q, (), vocab_size, g),
         num_rows,
-        gamma,
+        g,
         generator,
     )
     output = verify(
-        method, draft_ids, draft_probs, target_probs, None, draw_uniforms(num_rows, gamma, generator)
+        method, draft_ids, draft_probs, target_probs, None, draw_uniforms(num_rows, g, generator)
     )
     counts = Counter(
         {
             (tau, tokens): c
             for (_, tau, tokens), c in _outcome_counts(
-                output, draft_ids, torch.full((num_rows,), gamma)
+                output, draft_ids, torch.full((num_rows,), g)
             ).items()
         }
     )
     assert (
-        chi_square_p_value(counts, oracle.iteration_outcomes(method, p, q, (), gamma), num_rows)
+        chi_square_p_value(counts, oracle.iteration_outcomes(method, p, q, (), g), num_rows)
         > FALSE_ALARM_RATE
     )
 

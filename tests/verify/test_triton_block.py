@@ -122,21 +122,21 @@ if not (_IN_INTERPRETER or _ON_CUDA):
 else:
     from distributed_spec.verify.triton_block import fused_available, verify_fused
 
-    def _random_case(generator, batch_size, gamma, vocab_size, params, dtype=torch.float32):
+    def _random_case(generator, batch_size, g, vocab_size, params, dtype=torch.float32):
         """Target logits, draft ids sampled from q (a perturbed warp), ragged n (0 included)."""
-        target_logits = (torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 2).to(dtype)
-        draft_logits = target_logits[:, :gamma].float() + torch.randn(
-            batch_size, gamma, vocab_size, generator=generator
+        target_logits = (torch.randn(batch_size, g + 1, vocab_size, generator=generator) * 2).to(dtype)
+        draft_logits = target_logits[:, :g].float() + torch.randn(
+            batch_size, g, vocab_size, generator=generator
         )
         draft_probs = logits_to_probs(draft_logits, params)
         draft_ids = torch.multinomial(draft_probs.reshape(-1, vocab_size), 1, generator=generator).view(
-            batch_size, gamma
+            batch_size, g
         )
         # A few ids the draft could not have sampled: q = 0 (r becomes 1) or p = 0 under top-k.
         draft_ids[0, 0] = int(draft_probs[0, 0].argmin())
-        num_draft_tokens = torch.randint(0, gamma + 1, (batch_size,), generator=generator)
-        num_draft_tokens[1] = gamma
-        uniforms = draw_uniforms(batch_size, gamma, generator)
+        num_draft_tokens = torch.randint(0, g + 1, (batch_size,), generator=generator)
+        num_draft_tokens[1] = g
+        uniforms = draw_uniforms(batch_size, g, generator)
         return target_logits, draft_ids, draft_probs, num_draft_tokens, uniforms
 
     def _to_device(*tensors):
@@ -167,23 +167,23 @@ else:
     def test_decisions_match_oracle(method):
         """tau and Y equal what the exact oracle's h (or acceptance) and residual dictate."""
         generator = torch.Generator().manual_seed(3)
-        vocab_size, gamma, rows_per_table = 5, 3, 8
+        vocab_size, g, rows_per_table = 5, 3, 8
         cases = []
         for seed in range(4):
             p = oracle.RandomTable(vocab_size, seed=300 + seed, concentration=0.6)
             q = oracle.RandomTable(vocab_size, seed=400 + seed, concentration=0.6)
             inputs = sample_block_inputs(
-                dense_table(p, (), vocab_size, gamma),
-                dense_table(q, (), vocab_size, gamma),
+                dense_table(p, (), vocab_size, g),
+                dense_table(q, (), vocab_size, g),
                 rows_per_table,
-                gamma,
+                g,
                 generator,
             )
             cases.append((p, q, inputs))
         draft_ids = torch.cat([c[2][0] for c in cases])
         draft_probs = torch.cat([c[2][1] for c in cases])
         target_logits = torch.cat([c[2][2] for c in cases]).log()
-        uniforms = draw_uniforms(len(draft_ids), gamma, generator)
+        uniforms = draw_uniforms(len(draft_ids), g, generator)
         output = verify_fused(
             method,
             *_to_device(target_logits, draft_ids, draft_probs),
