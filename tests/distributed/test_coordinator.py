@@ -5,11 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.coordinator import decode_settings
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.stopping import StopChecker
+from tests.distributed.conftest import ray_config
 
 CONFIG = EngineConfig(method="block", gamma=4, max_new_tokens=6, eos_token_ids=(1,))
 
@@ -31,14 +32,14 @@ def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_outpu
 
 
 def test_greedy_verification_sends_no_probabilities():
-    runtime = RayRuntimeConfig(wire_dtype="bfloat16", wire_top_k=16)
+    runtime = ray_config(wire_dtype="bfloat16", wire_top_k=16)
     assert not decode_settings(replace(CONFIG, method="greedy"), runtime, "cpu").wire.send_probs
     wire = decode_settings(CONFIG, runtime, "cpu").wire
     assert wire.send_probs and wire.dtype == "bfloat16" and wire.top_k == 16
 
 
 def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
-    runtime = RayRuntimeConfig()
+    runtime = ray_config()
     assert runtime.wire_dtype == "auto"
     assert decode_settings(CONFIG, runtime, "cuda").wire.dtype == "bfloat16"
     assert decode_settings(CONFIG, runtime, "cpu").wire.dtype == "float32"
@@ -47,15 +48,15 @@ def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
 
 def test_a_draft_method_needs_a_draft_factory():
     with pytest.raises(ValueError, match="engine.method=autoregressive"):
-        RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
+        RayCoordinator(TinyLlamaFactory(), None, CONFIG, ray_config())
     with pytest.raises(ValueError, match="engine.proposer=ngram"):
-        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), RayRuntimeConfig())
+        RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="model+ngram"), ray_config())
     # n-gram blocks need no draft model.
-    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), RayRuntimeConfig()).close()
+    RayCoordinator(TinyLlamaFactory(), None, replace(CONFIG, proposer="ngram"), ray_config()).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():
-    coordinator = RayCoordinator(TinyLlamaFactory(), TinyLlamaFactory(seed=1), CONFIG, RayRuntimeConfig())
+    coordinator = RayCoordinator(TinyLlamaFactory(), TinyLlamaFactory(seed=1), CONFIG, ray_config())
     previous = signal.getsignal(signal.SIGTERM)
     coordinator._install_signal_handlers()
     try:

@@ -11,11 +11,12 @@ from dataclasses import replace
 import pytest
 import ray
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.speculative import make_request
 from distributed_spec.verify import SamplingParams
+from tests.distributed.conftest import ray_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -24,7 +25,7 @@ DRAFT = TinyLlamaFactory(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_s
 GREEDY, HOT = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)
 OWN = SamplingParams(temperature=0.7, top_p=0.9)
 CONFIG = EngineConfig(method="block", gamma=3, max_new_tokens=20, max_batch_size=8, sampling=HOT, seed=3)
-RUNTIME = RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
+RUNTIME = ray_config(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [3], [20, 21, 22, 23, 24]]
 SETTINGS = [HOT, OWN, GREEDY, SamplingParams(temperature=1.3), OWN]
 SEEDS = [None, 1234, None, 5, 99]
