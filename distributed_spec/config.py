@@ -5,7 +5,7 @@ dataclass here, so a YAML key is a field you can find. `JobConfig.from_dictconfi
 composed Hydra config onto these schemas (unknown keys and wrong types fail there) and builds the
 dataclasses, whose `__post_init__` checks values. Every error is a `ConfigError` whose message names
 the key to change; they fire before any model is loaded (the loader checks the loaded
-vocabularies once more).
+vocabularies once more). ParallelConfig (conf/parallel/) is defined in distributed/config.py.
 """
 
 from __future__ import annotations
