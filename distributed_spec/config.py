@@ -5,26 +5,26 @@ dataclass here, so a YAML key is a field you can find. `JobConfig.from_dictconfi
 composed Hydra config onto these schemas (unknown keys and wrong types fail there) and builds the
 dataclasses, whose `__post_init__` checks values. Every error is a `ConfigError` whose message names
 the key to change; they fire before any model is loaded (the loader checks the loaded
-vocabularies once more).
+vocabularies once more). ParallelConfig (conf/parallel/) is defined in distributed/config.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+# parallel.* is defined with the runtime it configures (torch-free, docs/distributed.md); imported here
+# for JobConfig.parallel, so `from distributed_spec.config import ParallelConfig` keeps working.
+from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.engine.config import EngineConfig, SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.errors import ConfigError
 
-RUNTIMES = ("local", "ray")
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "gloo", "nccl")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -122,127 +122,6 @@ class ModelConfig:
             self.max_context_len is None or self.max_context_len > 1,
             f"model.max_context_len must be > 1 or null, got {self.max_context_len}",
         )
-
-
-@dataclass
-class ParallelConfig:
-    """Where and how the models run (conf/parallel/*.yaml)."""
-
-    # `local`: the single-process engine; `ray`: Ray actors with a tensor-parallel target.
-    runtime: str = "local"
-    # Tensor-parallel ranks of the target model (runtime=ray only; local runs one process).
-    tp_size: int = 1
-    # `auto` picks cuda when a GPU is visible (runtime=ray: when the Ray cluster has GPUs), else cpu.
-    device: str = "auto"
-    # Collective backend of the target's process group; `auto`: nccl on cuda, gloo on cpu.
-    backend: str = "auto"
-    # Ray cluster address (`auto` joins a running cluster); null starts Ray in-process.
-    ray_address: str | None = None
-    # CPU threads per process for torch; null leaves torch's default.
-    num_threads: int | None = None
-    # runtime=ray: independent replicas of the whole runtime (shard group + draft), each taking
-    # records from one work queue (jobs/replicas.py); `auto`: as many as the cluster's resources hold.
-    # Each replica's threads: num_cpus_per_shard / num_cpus_draft (rounded, at least 1).
-    num_replicas: Any = 1
-    # The keys below are read by parallel.runtime=ray only; their meaning and checks live in
-    # distributed_spec.distributed.config.RayRuntimeConfig, which they mirror one to one.
-    # Draft device: `auto` (the shards' device) or `cpu`.
-    draft_device: str = "auto"
-    # Logical CPUs reserved per target-shard bundle and for the draft.
-    num_cpus_per_shard: float = 1.0
-    num_cpus_draft: float = 1.0
-    # GPUs of the draft on cuda: below 1 it shares shard 0's GPU (tp_size GPUs in all); 1 or more: its own.
-    num_gpus_draft: float = 0.1
-    # Ray placement strategy tried first (STRICT_PACK falls back to PACK), and its timeout.
-    placement_strategy: str = "STRICT_PACK"
-    placement_timeout_s: float = 30.0
-    # Precision and top-k sparsity (0 = dense) of the draft probabilities sent to the target shards.
-    wire_dtype: str = "auto"
-    wire_top_k: int = 0
-    # Draft the next block while the shards verify the current one.
-    overlap: bool = False
-    # Seconds a load may take, seconds one iteration may take, and rebuilds of a dead shard group.
-    load_timeout_s: float = 600.0
-    step_timeout_s: float = 60.0
-    max_restarts: int = 3
-    # Print where the actors would go and exit, loading nothing (`python -m distributed_spec.plan` always
-    # does), for the live cluster or plan_num_nodes nodes of plan_gpus_per_node GPUs / plan_cpus_per_node CPUs.
-    plan_only: bool = False
-    plan_num_nodes: int = 1
-    plan_gpus_per_node: int | None = None
-    plan_cpus_per_node: float | None = None
-
-    def __post_init__(self) -> None:
-        _require(
-            self.runtime in RUNTIMES,
-            f"parallel.runtime={self.runtime!r} is unknown; choose one of {RUNTIMES}",
-        )
-        _require(self.tp_size >= 1, f"parallel.tp_size must be >= 1, got {self.tp_size}")
-        _require(
-            self.device in DEVICES, f"parallel.device={self.device!r} is unknown; choose one of {DEVICES}"
-        )
-        _require(
-            self.backend in BACKENDS,
-            f"parallel.backend={self.backend!r} is unknown; choose one of {BACKENDS}",
-        )
-        _require(
-            not (self.runtime == "local" and self.tp_size > 1),
-            f"parallel.runtime=local runs one process, so parallel.tp_size={self.tp_size} is impossible; "
-            "set parallel.runtime=ray (or parallel.tp_size=1)",
-        )
-        _require(
-            not (self.backend == "nccl" and self.device == "cpu"),
-            "parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=gloo on the CPU",
-        )
-        _require(
-            self.num_threads is None or self.num_threads >= 1,
-            f"parallel.num_threads must be >= 1 or null, got {self.num_threads}",
-        )
-        _require(
-            self.num_replicas == "auto" or (type(self.num_replicas) is int and self.num_replicas >= 1),
-            f"parallel.num_replicas must be an integer >= 1 or auto, got {self.num_replicas!r}",
-        )
-        _require(
-            self.runtime == "ray" or self.num_replicas == 1,
-            f"parallel.num_replicas={self.num_replicas} needs parallel=ray (replicas are Ray actors)",
-        )
-        if self.runtime == "ray":
-            # Checked here with `auto` read as the backend implies; the job resolves it on the machine.
-            implied_device = "cuda" if self.backend == "nccl" else "cpu"
-            self.ray_runtime_config(device=self.device if self.device != "auto" else implied_device)
-
-    def ray_runtime_config(self, device: str | None = None) -> Any:
-        """The distributed runtime's config built from these keys (its checks run here too)."""
-        try:
-            from distributed_spec.distributed.config import RayRuntimeConfig
-        except ImportError:
-            # The distributed runtime is not installed in this tree; generate.py reports it.
-            return None
-        device = device or self.resolved_device()
-        backend = self.backend if self.backend != "auto" or device == "auto" else ("nccl" if device == "cuda" else "gloo")
-        values = {f.name: getattr(self, f.name) for f in fields(RayRuntimeConfig) if hasattr(self, f.name)}
-        values.update(device=device, backend=backend)
-        try:
-            return RayRuntimeConfig(**values)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-
-    def resolved_device(self) -> str:
-        """`cpu` or `cuda`: `auto` resolved against the local machine, or the Ray cluster it joins."""
-        if self.device != "auto":
-            return self.device
-        if self.runtime == "ray" and self.ray_address is not None:
-            from distributed_spec.distributed.placement import cluster_device
-
-            return cluster_device(self.ray_address)
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def resolved_backend(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "nccl" if self.resolved_device() == "cuda" else "gloo"
 
 
 @dataclass
@@ -395,7 +274,8 @@ def check_devices(parallel: ParallelConfig) -> None:
     """
     if parallel.runtime == "ray":
         return
-    device = parallel.resolved_device()
+    # The same resolve() as the job's generator (a local `auto` looks at this machine only).
+    device = parallel.resolve().device
     if device == "cuda":
         import torch
 

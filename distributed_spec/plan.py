@@ -20,7 +20,7 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from distributed_spec.config import ConfigError, JobConfig
+from distributed_spec.config import ConfigError, JobConfig, ParallelConfig
 
 # Importing the job registers its ${ds.*} resolvers and names its config directory.
 from distributed_spec.hydra_config import CONF_DIR
@@ -38,30 +38,29 @@ def plan_text(job: JobConfig) -> str:
     """The job's placement (see the module docstring); raises ConfigError when it cannot be placed."""
     parallel = job.parallel
     if parallel.runtime != "ray":
-        return f"parallel.runtime={parallel.runtime}: one process on this machine ({parallel.resolved_device()})"
-    from distributed_spec.distributed.placement import PlacementError, plan_report
+        return f"parallel.runtime={parallel.runtime}: one process on this machine ({parallel.resolve().device})"
+    from distributed_spec.distributed.placement import PlacementError, described_nodes, plan_report
 
     # A described cluster is planned as described (device auto decided from its GPUs, not this machine's).
-    device = parallel.device if parallel.plan_gpus_per_node is not None else None
+    config = parallel.resolve(described_nodes(parallel))
     try:
-        if parallel.num_replicas != 1:
-            return _replicas_text(parallel, device)
-        return plan_report(parallel.ray_runtime_config(device=device))
+        if config.num_replicas != 1:
+            return _replicas_text(config)
+        return plan_report(config)
     except PlacementError as err:
         raise ConfigError(str(err)) from err
 
 
-def _replicas_text(parallel, device: str | None) -> str:
+def _replicas_text(config: ParallelConfig) -> str:
     """parallel.num_replicas (auto: as many as fit) and where each replica goes."""
     from distributed_spec.distributed.placement import cluster_nodes, connect, described_nodes
     from distributed_spec.distributed.replica_placement import replicas_report
 
-    config = parallel.ray_runtime_config(device=device)
     nodes = described_nodes(config)
     if nodes is None:
         connect(config.ray_address)
         nodes = cluster_nodes()
-    return replicas_report(parallel.num_replicas, config, nodes)
+    return replicas_report(config.num_replicas, config, nodes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 import ray
 import torch
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.config import ParallelConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
@@ -80,11 +81,7 @@ def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size
 
 
 def bench_ray(
-    coordinator: RayCoordinator,
-    runtime: RayRuntimeConfig,
-    label: str,
-    prompts: list[list[int]],
-    batch_size: int,
+    coordinator: RayCoordinator, runtime: ParallelConfig, label: str, prompts: list[list[int]], batch_size: int,
     reference: list,
 ) -> Row:
     coordinator.runtime = runtime
@@ -209,13 +206,9 @@ def main() -> None:
     ray.init(num_cpus=int(2 * args.num_cpus), include_dashboard=False, log_to_driver=False)
     try:
         for tp_size in args.tp_sizes:
-            runtime = RayRuntimeConfig(
-                tp_size=tp_size,
-                num_cpus_per_shard=args.num_cpus / tp_size,
-                num_cpus_draft=args.num_cpus,
-                load_timeout_s=900,
-                step_timeout_s=300,
-                wire_dtype="float32",
+            runtime = ParallelConfig(
+                runtime="ray", device="cpu", backend="gloo", tp_size=tp_size, num_cpus_per_shard=args.num_cpus / tp_size, num_cpus_draft=args.num_cpus,
+                load_timeout_s=900, step_timeout_s=300, wire_dtype="float32",
             )
             variants = [
                 ("float32 q", runtime),

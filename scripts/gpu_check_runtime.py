@@ -46,7 +46,7 @@ def check_backend_selection() -> tuple[bool, str]:
     from distributed_spec.config import ParallelConfig
     from distributed_spec.distributed.placement import cluster_nodes, connect, format_plan, plan_runtime
 
-    runtime = ParallelConfig(runtime="ray", device="auto").ray_runtime_config()
+    runtime = ParallelConfig(runtime="ray", device="auto").resolve()
     ok = runtime.device == "cuda" and runtime.backend == "nccl"
     connect(None)
     config, plan, assignment = plan_runtime(runtime, cluster_nodes())
@@ -60,7 +60,8 @@ def run_pair(name: str, target_factory, draft_factory, local_target, local_draft
     """Local engine vs Ray TP = 1 with a co-located draft; returns report lines (ok/FAIL first word)."""
     import ray
 
-    from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+    from distributed_spec.config import ParallelConfig
+    from distributed_spec.distributed import RayCoordinator
     from distributed_spec.engine import EngineConfig, SamplingConfig, SpeculativeEngine, VerifierConfig
 
     config = EngineConfig(
@@ -74,9 +75,7 @@ def run_pair(name: str, target_factory, draft_factory, local_target, local_draft
     local_peak = torch.cuda.max_memory_allocated() / 2**20
     del local_target, local_draft
     torch.cuda.empty_cache()
-    runtime = RayRuntimeConfig(
-        tp_size=1, device="cuda", backend="nccl", num_gpus_draft=0.1, load_timeout_s=300
-    )
+    runtime = ParallelConfig(runtime="ray", tp_size=1, device="cuda", backend="nccl", num_gpus_draft=0.1, load_timeout_s=300)
     with RayCoordinator(target_factory, draft_factory, config, runtime) as coordinator:
         start = time.perf_counter()
         actual = coordinator.generate(prompts)

@@ -25,7 +25,7 @@ import ray
 import torch
 from safetensors import safe_open
 
-from distributed_spec.distributed import RayRuntimeConfig
+from distributed_spec.config import ParallelConfig
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.group import launch, teardown
 from distributed_spec.distributed.placement import local_num_cpus
@@ -60,7 +60,9 @@ def full_weight_bytes(spec: ModelSpec) -> int:
 
 def measure(factory: SpecFactory, tp_size: int) -> list[dict[str, int]]:
     """Launch the shard group alone, return each shard's reported memory, tear it down."""
-    config = RayRuntimeConfig(tp_size=tp_size, num_cpus_per_shard=1.0, load_timeout_s=1800.0)
+    config = ParallelConfig(
+        runtime="ray", device="cpu", backend="gloo", tp_size=tp_size, num_cpus_per_shard=1.0, load_timeout_s=1800.0
+    )
     engine = EngineConfig(
         verifier=VerifierConfig(method="autoregressive"), sampling=SamplingConfig(temperature=0.0)
     )
@@ -106,7 +108,7 @@ def main() -> None:
     spec = ModelSpec(args.model)
     full_bytes = full_weight_bytes(spec)
     print(f"{args.model}: full weights {full_bytes / 2**20:.1f} MB ({spec.torch_dtype}), TP = {args.tp_size}")
-    config = RayRuntimeConfig(tp_size=args.tp_size)
+    config = ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=args.tp_size)
     ray.init(num_cpus=local_num_cpus(config), include_dashboard=False, log_to_driver=False)
     try:
         rows = report("per-shard", measure(SpecFactory(spec), args.tp_size), full_bytes)

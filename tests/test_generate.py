@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from distributed_spec.config import MODEL_KINDS, ConfigError, JobConfig, ParallelConfig
 from distributed_spec.hydra_config import CONF_DIR
@@ -105,14 +106,17 @@ def test_run_directory_names_the_draft_length_schedule(overrides, run_dir_name):
     assert Path(cfg.hydra.run.dir).name == run_dir_name
 
 
-def test_parallel_keys_mirror_the_ray_runtime_config():
-    from distributed_spec.distributed.config import RayRuntimeConfig
+def test_parallel_keys_are_the_one_parallel_config():
+    # One class for both runtimes (distributed/config.py): every key of conf/parallel/ is a field
+    # with the same default, and every field is a key.
+    from distributed_spec.distributed.config import ParallelConfig as RuntimeParallelConfig
 
+    assert ParallelConfig is RuntimeParallelConfig
     ours = {field.name: field.default for field in dataclasses.fields(ParallelConfig)}
-    for field in dataclasses.fields(RayRuntimeConfig):
-        assert field.name in ours, f"conf/parallel and ParallelConfig lack parallel.{field.name}"
-        if field.name not in ("device", "backend"):
-            assert ours[field.name] == field.default, field.name
+    keys = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "parallel" / "local.yaml"))
+    assert set(keys) == set(ours)
+    for name, value in keys.items():
+        assert ours[name] == value, name
 
 
 def test_the_proposer_key_reaches_the_verifier():

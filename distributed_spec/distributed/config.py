@@ -1,31 +1,64 @@
-"""Typed configuration of the Ray runtime (`parallel.runtime=ray`): one dataclass, validated once.
+"""Where and how the models run (the Hydra group `parallel`, conf/parallel/*.yaml): one dataclass,
+validated once, with device and backend resolved once.
 
-Every field is a key of the Hydra group that mirrors it (`parallel.*`); error messages name the key.
+Every field is a key of conf/parallel/; error messages name the key (`parallel.*`). The job resolves
+`auto` once (`ParallelConfig.resolve`, called by the job's generator) and hands the resolved copy to
+everything downstream: the local engine, the Ray coordinator, its placement and its actors. This
+module imports neither torch nor Ray at import time (distributed_spec.config builds the job from it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
+from typing import Any
 
+from distributed_spec.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+RUNTIMES = ("local", "ray")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+DRAFT_DEVICES = ("auto", "cpu")
 # "auto": bfloat16 on cuda, float32 on the CPU (wire.resolve_wire_dtype).
 WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
-# "auto": decided from the Ray cluster's resources at launch (placement.resolve_device).
-DEVICE_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "auto": ("auto", "gloo", "nccl")}
-DRAFT_DEVICES = ("auto", "cpu")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def device_for(nodes: list[dict[str, float]]) -> str:
+    """parallel.device=auto on a Ray cluster: cuda when its nodes have GPUs (the driver's do not count)."""
+    return "cuda" if sum(node.get("GPU", 0.0) for node in nodes) > 0 else "cpu"
 
 
 @dataclass
-class RayRuntimeConfig:
-    """Where the target shards and the draft run, how they talk, and how faults are handled."""
+class ParallelConfig:
+    """Where the models run: one process (`local`), or Ray actors (`ray`: target shards + a draft)."""
 
-    # Number of target shards (tensor-parallel ranks), one Ray actor each.
+    # `local`: the single-process engine; `ray`: Ray actors with a tensor-parallel target.
+    runtime: str = "local"
+    # Tensor-parallel ranks of the target, one Ray actor each (runtime=ray only; local runs one process).
     tp_size: int = 1
-    # Device of the shards: "cpu" (CPU bundles), "cuda" (one GPU per shard) or "auto" (cuda when the
-    # Ray cluster has GPUs, decided at launch from the cluster's resources, not the driver's).
-    device: str = "cpu"
-    # torch.distributed backend of the shard group: "gloo" on cpu, "nccl" on cuda ("auto" with device auto).
-    backend: str = "gloo"
+    # `cpu`, `cuda` (one GPU per shard) or `auto`: cuda when a GPU is visible here, or, for runtime=ray
+    # joining a cluster (ray_address), when the cluster has GPUs (see resolve).
+    device: str = "auto"
+    # Collective backend of the target's shard group: gloo, nccl (cuda only) or auto (nccl on cuda).
+    backend: str = "auto"
+    # Address of a Ray cluster ("auto" joins the running one, "ray://..."); None starts Ray in-process.
+    ray_address: str | None = None
+    # CPU threads per process for torch; null leaves torch's default.
+    num_threads: int | None = None
+    # runtime=ray: independent replicas of the whole runtime (shard group + draft), each taking
+    # records from one work queue (jobs/replicas.py); `auto`: as many as the cluster's resources hold.
+    # Each replica's threads: num_cpus_per_shard / num_cpus_draft (rounded, at least 1).
+    num_replicas: Any = 1
+    # The keys below are read by runtime=ray only.
     # Device of the draft: "auto" (the shards' device) or "cpu" (its own CPU bundle, no GPU).
     draft_device: str = "auto"
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
@@ -55,9 +88,8 @@ class RayRuntimeConfig:
     step_timeout_s: float = 60.0
     # How many times a dead group is rebuilt before generate() gives up.
     max_restarts: int = 3
-    # Address of an existing Ray cluster ("auto", "ray://..."); None starts or reuses a local one.
-    ray_address: str | None = None
-    # Print the placement plan against the cluster (or the nodes described below) and load nothing.
+    # Print the placement plan against the cluster (or the nodes described below) and load nothing
+    # (`python -m distributed_spec.plan` always does).
     plan_only: bool = False
     # A cluster to plan for instead of the live one: plan_num_nodes nodes of plan_gpus_per_node GPUs
     # and plan_cpus_per_node CPUs (null CPUs: as many as the bundles need). null GPUs: the live cluster.
@@ -66,42 +98,112 @@ class RayRuntimeConfig:
     plan_cpus_per_node: float | None = None
 
     def __post_init__(self) -> None:
-        if self.tp_size < 1:
-            raise ValueError(f"parallel.tp_size must be >= 1, got {self.tp_size}")
-        if self.device not in DEVICE_BACKENDS:
-            raise ValueError(f"parallel.device must be one of {sorted(DEVICE_BACKENDS)}, got {self.device!r}")
-        if self.backend not in DEVICE_BACKENDS[self.device]:
-            raise ValueError(
-                f"parallel.backend={self.backend!r} does not work with parallel.device={self.device!r}; "
-                f"use one of {DEVICE_BACKENDS[self.device]}"
-            )
-        if self.draft_device not in DRAFT_DEVICES:
-            raise ValueError(f"parallel.draft_device must be one of {DRAFT_DEVICES}, got {self.draft_device!r}")
-        if self.device == "cuda" and self.draft_on_gpu and self.num_gpus_draft <= 0:
-            raise ValueError(
-                f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
-                "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu"
-            )
-        if self.num_gpus_draft > 1 and self.num_gpus_draft != int(self.num_gpus_draft):
-            raise ValueError(
-                f"parallel.num_gpus_draft={self.num_gpus_draft}: above 1 Ray needs a whole number of GPUs"
-            )
-        if self.plan_num_nodes < 1 or (self.plan_gpus_per_node is not None and self.plan_gpus_per_node < 0):
-            raise ValueError("parallel.plan_num_nodes must be >= 1 and parallel.plan_gpus_per_node >= 0 or null")
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ValueError(
-                f"parallel.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}"
-            )
-        if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"parallel.wire_dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
-        if self.wire_top_k < 0:
-            raise ValueError(f"parallel.wire_top_k must be >= 0 (0 = dense), got {self.wire_top_k}")
-        if self.num_cpus_per_shard <= 0 or self.num_cpus_draft <= 0:
-            raise ValueError("parallel.num_cpus_per_shard and parallel.num_cpus_draft must be > 0")
-        if self.step_timeout_s <= 0 or self.load_timeout_s <= 0:
-            raise ValueError("parallel.step_timeout_s and parallel.load_timeout_s must be > 0")
-        if self.max_restarts < 0:
-            raise ValueError(f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
+        _require(
+            self.runtime in RUNTIMES,
+            f"parallel.runtime={self.runtime!r} is unknown; choose one of {RUNTIMES}",
+        )
+        _require(self.tp_size >= 1, f"parallel.tp_size must be >= 1, got {self.tp_size}")
+        _require(
+            self.device in DEVICES, f"parallel.device={self.device!r} is unknown; choose one of {DEVICES}"
+        )
+        _require(
+            self.backend in BACKENDS,
+            f"parallel.backend={self.backend!r} is unknown; choose one of {BACKENDS}",
+        )
+        _require(
+            not (self.runtime == "local" and self.tp_size > 1),
+            f"parallel.runtime=local runs one process, so parallel.tp_size={self.tp_size} is impossible; "
+            "set parallel.runtime=ray (or parallel.tp_size=1)",
+        )
+        _require(
+            not (self.backend == "nccl" and self.device == "cpu"),
+            "parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=gloo on the CPU",
+        )
+        _require(
+            self.num_threads is None or self.num_threads >= 1,
+            f"parallel.num_threads must be >= 1 or null, got {self.num_threads}",
+        )
+        _require(
+            self.num_replicas == "auto" or (type(self.num_replicas) is int and self.num_replicas >= 1),
+            f"parallel.num_replicas must be an integer >= 1 or auto, got {self.num_replicas!r}",
+        )
+        _require(
+            self.runtime == "ray" or self.num_replicas == 1,
+            f"parallel.num_replicas={self.num_replicas} needs parallel=ray (replicas are Ray actors)",
+        )
+        _require(
+            self.draft_device in DRAFT_DEVICES,
+            f"parallel.draft_device must be one of {DRAFT_DEVICES}, got {self.draft_device!r}",
+        )
+        # Device auto is checked as the backend implies; resolve() checks the settled copy again.
+        gpu = self.device == "cuda" or (self.device == "auto" and self.backend == "nccl")
+        _require(
+            not (self.runtime == "ray" and gpu and self.draft_device == "auto" and self.num_gpus_draft <= 0),
+            f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
+            "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu",
+        )
+        _require(
+            self.num_gpus_draft <= 1 or self.num_gpus_draft == int(self.num_gpus_draft),
+            f"parallel.num_gpus_draft={self.num_gpus_draft}: above 1 Ray needs a whole number of GPUs",
+        )
+        _require(
+            self.plan_num_nodes >= 1 and (self.plan_gpus_per_node is None or self.plan_gpus_per_node >= 0),
+            "parallel.plan_num_nodes must be >= 1 and parallel.plan_gpus_per_node >= 0 or null",
+        )
+        _require(
+            self.placement_strategy in PLACEMENT_STRATEGIES,
+            f"parallel.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}",
+        )
+        _require(
+            self.wire_dtype in WIRE_DTYPES,
+            f"parallel.wire_dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}",
+        )
+        _require(self.wire_top_k >= 0, f"parallel.wire_top_k must be >= 0 (0 = dense), got {self.wire_top_k}")
+        _require(
+            self.num_cpus_per_shard > 0 and self.num_cpus_draft > 0,
+            "parallel.num_cpus_per_shard and parallel.num_cpus_draft must be > 0",
+        )
+        _require(
+            self.step_timeout_s > 0 and self.load_timeout_s > 0,
+            "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
+        )
+        _require(self.max_restarts >= 0, f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
+
+    # ---- device and backend, resolved once ------------------------------------------------------
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.device != "auto" and self.backend != "auto"
+
+    def resolve(self, nodes: list[dict[str, float]] | None = None) -> ParallelConfig:
+        """A copy with device in {cpu, cuda} and backend in {gloo, nccl} (itself when already so).
+
+        device=auto: cuda when `nodes` (a Ray cluster's CPU/GPU totals) have GPUs; without `nodes`,
+        runtime=ray with a ray_address asks that cluster (joining it: the driver of a job submitted to
+        a GPU cluster may have no GPU), anything else this machine. backend=auto: nccl on cuda, gloo
+        on cpu. The copy is checked again (e.g. backend=nccl where auto became cpu).
+        """
+        if self.is_resolved:
+            return self
+        device = self.device
+        if device == "auto":
+            if nodes is None and self.runtime == "ray" and self.ray_address is not None:
+                from distributed_spec.distributed.cluster import cluster_nodes, connect
+
+                connect(self.ray_address)
+                nodes = cluster_nodes()
+            if nodes is not None:
+                device = device_for(nodes)
+                gpus = sum(node.get("GPU", 0.0) for node in nodes)
+                logger.info("parallel.device=auto: the Ray cluster has %g GPUs: %s", gpus, device)
+            else:
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+        backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        return dataclasses.replace(self, device=device, backend=backend)
+
+    # ---- derived (on a resolved config) ---------------------------------------------------------
 
     @property
     def num_gpus_per_shard(self) -> float:

@@ -1,8 +1,8 @@
 """RayCoordinator: the Ray runtime as an executor of the engine's scheduler.
 
-    from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
-    with RayCoordinator(target_factory, draft_factory, EngineConfig(method="block", g=4),
-                        RayRuntimeConfig(tp_size=2)) as coordinator:
+    from distributed_spec.distributed import ParallelConfig, RayCoordinator
+    with RayCoordinator(target_factory, draft_factory, EngineConfig(VerifierConfig(method="block", num_draft_tokens=4)),
+                        ParallelConfig(runtime="ray", tp_size=2)) as coordinator:
         results, stats = coordinator.generate_with_stats([[1, 2, 3], [4, 5]])
 
 `target_factory` / `draft_factory` are picklable zero-argument callables that describe the models
@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 import ray
 import torch
 
-from distributed_spec.distributed.config import RayRuntimeConfig
+from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
@@ -128,7 +128,7 @@ class RayCoordinator:
         target_factory: ModelFactory,
         draft_factory: ModelFactory | None,
         config: EngineConfig,
-        runtime: RayRuntimeConfig,
+        runtime: ParallelConfig,
         tokenizer=None,
     ) -> None:
         if config.verifier.uses_draft_model and draft_factory is None:
@@ -459,7 +459,7 @@ def _require_one_path(config: EngineConfig) -> None:
         )
 
 
-def decode_settings(config: EngineConfig, runtime: RayRuntimeConfig, device: str) -> DecodeSettings:
+def decode_settings(config: EngineConfig, runtime: ParallelConfig, device: str) -> DecodeSettings:
     """The per-batch settings every actor receives when a batch starts (`device`: the shards')."""
     # Greedy verification never reads q: nothing but the draft ids needs to travel.
     wire = WireFormat(

@@ -21,7 +21,7 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from distributed_spec.distributed.config import RayRuntimeConfig
+from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.distributed.draft_worker import DraftWorker
 from distributed_spec.distributed.placement import (
     bundle_strategy,
@@ -67,7 +67,7 @@ class RuntimeActors:
         return self.shards + ([self.draft] if self.draft is not None else [])
 
 
-def _get_within_load_timeout(refs: list[ray.ObjectRef], config: RayRuntimeConfig) -> list:
+def _get_within_load_timeout(refs: list[ray.ObjectRef], config: ParallelConfig) -> list:
     try:
         return ray.get(refs, timeout=config.load_timeout_s)
     except ray.exceptions.GetTimeoutError as error:
@@ -113,7 +113,7 @@ def factory_on_device(factory: ModelFactory, device: str) -> ModelFactory:
 
 
 def launch(
-    config: RayRuntimeConfig,
+    config: ParallelConfig,
     engine: EngineConfig,
     target_factory: ModelFactory,
     draft_factory: ModelFactory | None,
@@ -122,7 +122,8 @@ def launch(
     """Start and load every actor; on any failure tear down what was started and re-raise.
 
     The plan is checked against the cluster's nodes first (placement.PlacementError, one line naming
-    the keys, when they cannot hold it); parallel.device=auto is decided there from the cluster's GPUs.
+    the keys, when they cannot hold it). The job's config arrives resolved (ParallelConfig.resolve);
+    one still at device=auto (a test's, a script's) is resolved there, for the cluster's nodes.
     """
     nodes = cluster_nodes()
     config, plan, assignment = plan_runtime(config, nodes)

@@ -24,11 +24,10 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from distributed_spec.distributed.config import RayRuntimeConfig
+from distributed_spec.distributed.cluster import Resources, cluster_nodes, connect
+from distributed_spec.distributed.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
-
-Resources = dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class RuntimePlacement:
     draft_device: str
 
 
-def plan_placement(config: RayRuntimeConfig) -> RuntimePlacement:
+def plan_placement(config: ParallelConfig) -> RuntimePlacement:
     """Bundles and actor slots for a resolved config (device cpu or cuda; see the module docstring)."""
     gpu = config.device == "cuda"
     shard = {"CPU": config.num_cpus_per_shard} | ({"GPU": 1.0} if gpu else {})
@@ -69,12 +68,12 @@ def plan_placement(config: RayRuntimeConfig) -> RuntimePlacement:
     return RuntimePlacement(bundles, shards, draft, config.resolved_draft_device)
 
 
-def runtime_bundles(config: RayRuntimeConfig) -> list[Resources]:
+def runtime_bundles(config: ParallelConfig) -> list[Resources]:
     """The placement group's bundles (see plan_placement)."""
     return plan_placement(config).bundles
 
 
-def local_num_cpus(config: RayRuntimeConfig) -> int:
+def local_num_cpus(config: ParallelConfig) -> int:
     """Logical CPUs for a Ray started in this process: enough for every bundle of the runtime.
 
     On a small machine (2 cores, TP = 2 + draft = 3 one-CPU bundles) the bundles then share the
@@ -85,43 +84,19 @@ def local_num_cpus(config: RayRuntimeConfig) -> int:
     return max(os.cpu_count() or 1, math.ceil(needed))
 
 
-def draft_bundle_index(config: RayRuntimeConfig) -> int:
+def draft_bundle_index(config: ParallelConfig) -> int:
     return plan_placement(config).draft.bundle
 
 
 # ---- the cluster -----------------------------------------------------------------------------
 
 
-def cluster_nodes() -> list[Resources]:
-    """CPU and GPU totals of every live node of the connected Ray cluster."""
-    return [
-        {"CPU": node["Resources"].get("CPU", 0.0), "GPU": node["Resources"].get("GPU", 0.0)}
-        for node in ray.nodes()
-        if node.get("Alive")
-    ]
-
-
-def described_nodes(config: RayRuntimeConfig) -> list[Resources] | None:
+def described_nodes(config: ParallelConfig) -> list[Resources] | None:
     """The cluster that parallel.plan_* describes, or None to use the live one."""
     if config.plan_gpus_per_node is None:
         return None
     cpus = config.plan_cpus_per_node if config.plan_cpus_per_node is not None else math.inf
     return [{"CPU": cpus, "GPU": float(config.plan_gpus_per_node)} for _ in range(config.plan_num_nodes)]
-
-
-def device_for(nodes: list[Resources]) -> str:
-    """parallel.device=auto: cuda when the cluster has GPUs (the driver's own devices do not count)."""
-    return "cuda" if sum(node.get("GPU", 0.0) for node in nodes) > 0 else "cpu"
-
-
-def resolve_device(config: RayRuntimeConfig, nodes: list[Resources]) -> RayRuntimeConfig:
-    """The config with device and backend `auto` decided for these nodes."""
-    if config.device != "auto":
-        return config
-    device = device_for(nodes)
-    backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-    logger.info("parallel.device=auto: the cluster has %s GPUs: %s", _total(nodes, "GPU"), device)
-    return dataclasses.replace(config, device=device, backend=backend)
 
 
 def _total(nodes: list[Resources], key: str) -> float:
@@ -162,7 +137,7 @@ class PlacementError(ValueError):
     """The cluster cannot hold the runtime's bundles; the message names the keys to change."""
 
 
-def check_fits(config: RayRuntimeConfig, placement: RuntimePlacement, nodes: list[Resources]) -> list[int]:
+def check_fits(config: ParallelConfig, placement: RuntimePlacement, nodes: list[Resources]) -> list[int]:
     """Node index of every bundle; raises PlacementError, in one line naming the keys, when they do not fit."""
     assignment = assign_bundles(placement.bundles, nodes, config.placement_strategy)
     if assignment is not None:
@@ -196,7 +171,7 @@ def _count(value: float) -> str:
     return "any" if math.isinf(value) else f"{value:g}"
 
 
-def format_plan(config: RayRuntimeConfig, placement: RuntimePlacement, nodes: list[Resources], assignment: list[int]) -> str:
+def format_plan(config: ParallelConfig, placement: RuntimePlacement, nodes: list[Resources], assignment: list[int]) -> str:
     """A human-readable placement: one line per node, the actors on it and what they hold."""
     lines = [
         f"placement: {config.tp_size} target shard(s) on {config.device} ({config.backend}), "
@@ -220,19 +195,7 @@ def format_plan(config: RayRuntimeConfig, placement: RuntimePlacement, nodes: li
     return "\n".join(lines)
 
 
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at `address` (None: start one here) unless this process already has."""
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
-
-
-def cluster_device(address: str | None) -> str:
-    """parallel.device=auto for a job that joins the cluster at `address`: cuda when it has GPUs."""
-    connect(address)
-    return device_for(cluster_nodes())
-
-
-def plan_report(config: RayRuntimeConfig) -> str:
+def plan_report(config: ParallelConfig) -> str:
     """The placement for the cluster parallel.plan_* describes, else for the live one (joined or
     started here); raises PlacementError when it does not fit. Loads no model."""
     nodes = described_nodes(config)
@@ -243,14 +206,15 @@ def plan_report(config: RayRuntimeConfig) -> str:
     return format_plan(config, placement, nodes, assignment)
 
 
-def plan_runtime(config: RayRuntimeConfig, nodes: list[Resources]) -> tuple[RayRuntimeConfig, RuntimePlacement, list[int]]:
-    """Resolve device=auto for `nodes`, plan the bundles and check that the nodes hold them."""
-    config = resolve_device(config, nodes)
+def plan_runtime(config: ParallelConfig, nodes: list[Resources]) -> tuple[ParallelConfig, RuntimePlacement, list[int]]:
+    """Plan the bundles and check that the nodes hold them. A config still at device=auto (one not
+    resolved by a job, e.g. built in a test or script) is resolved here, for these nodes."""
+    config = config.resolve(nodes)
     placement = plan_placement(config)
     return config, placement, check_fits(config, placement, nodes)
 
 
-def create_placement_group(config: RayRuntimeConfig) -> PlacementGroup:
+def create_placement_group(config: ParallelConfig) -> PlacementGroup:
     """Reserve the bundles; STRICT_PACK falls back to PACK when it is not ready in time."""
     bundles = runtime_bundles(config)
     strategies = [config.placement_strategy]

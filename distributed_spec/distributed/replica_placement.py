@@ -9,7 +9,7 @@ replica actors that drive the runtimes reserve nothing (num_cpus=0): only the bu
 
 from __future__ import annotations
 
-from distributed_spec.distributed.config import RayRuntimeConfig
+from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.distributed.placement import (
     PlacementError,
     Resources,
@@ -17,14 +17,13 @@ from distributed_spec.distributed.placement import (
     check_fits,
     format_plan,
     plan_placement,
-    resolve_device,
 )
 
 # A described cluster without a CPU count (parallel.plan_cpus_per_node=null) holds CPU replicas without end.
 MAX_REPLICAS = 1024
 
 
-def fit_replicas(config: RayRuntimeConfig, nodes: list[Resources], limit: int | None = None) -> list[list[int]]:
+def fit_replicas(config: ParallelConfig, nodes: list[Resources], limit: int | None = None) -> list[list[int]]:
     """Node index of every bundle, per replica, for as many replicas as `nodes` hold (at most `limit`)."""
     bundles = plan_placement(config).bundles
     free = [dict(node) for node in nodes]
@@ -40,10 +39,10 @@ def fit_replicas(config: RayRuntimeConfig, nodes: list[Resources], limit: int | 
     return replicas
 
 
-def resolve_num_replicas(requested: int | str, config: RayRuntimeConfig, nodes: list[Resources]) -> int:
+def resolve_num_replicas(requested: int | str, config: ParallelConfig, nodes: list[Resources]) -> int:
     """parallel.num_replicas for these nodes: `auto` is as many as fit (at least one must); a number
     is taken as given (Ray queues a replica whose bundles are not free yet)."""
-    config = resolve_device(config, nodes)
+    config = config.resolve(nodes)
     if requested != "auto":
         return int(requested)
     fitted = fit_replicas(config, nodes)
@@ -54,10 +53,10 @@ def resolve_num_replicas(requested: int | str, config: RayRuntimeConfig, nodes: 
     return len(fitted)
 
 
-def replicas_report(requested: int | str, config: RayRuntimeConfig, nodes: list[Resources]) -> str:
+def replicas_report(requested: int | str, config: ParallelConfig, nodes: list[Resources]) -> str:
     """The plan of every replica on these nodes (python -m distributed_spec.plan), one runtime's
     plan first; raises PlacementError when not even one fits."""
-    config = resolve_device(config, nodes)
+    config = config.resolve(nodes)
     placement = plan_placement(config)
     first = check_fits(config, placement, nodes)
     count = resolve_num_replicas(requested, config, nodes)

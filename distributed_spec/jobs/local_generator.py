@@ -23,7 +23,7 @@ class LocalGenerator(SchedulerGenerator):
     """The pair and the engine in this process."""
 
     def __init__(self, job: JobConfig) -> None:
-        device = job.parallel.resolved_device()
+        device = job.parallel.resolve().device
         if job.parallel.num_threads is not None:
             torch.set_num_threads(job.parallel.num_threads)
         target_spec = model_spec(job.model, job.model.target, device)

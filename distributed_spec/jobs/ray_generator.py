@@ -27,7 +27,8 @@ class RayGenerator(SchedulerGenerator):
     """A RayCoordinator started once for the whole job (each stream reuses its actors)."""
 
     def __init__(self, job: JobConfig) -> None:
-        runtime = job.parallel.ray_runtime_config()
+        # Device and backend settled once; a replica's job arrives resolved (jobs/replicas.py).
+        runtime = job.parallel.resolve()
         target_spec = model_spec(job.model, job.model.target, runtime.device)
         draft_spec = model_spec(job.model, job.model.draft, runtime.device)
         self.tokenizer = load_tokenizer(job.model, target_spec)

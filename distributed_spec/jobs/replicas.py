@@ -68,9 +68,9 @@ class ReplicaPool:
     """The job's Generator over parallel.num_replicas replicas; see the module docstring."""
 
     def __init__(self, job: JobConfig) -> None:
-        self.job = job
-        parallel = job.parallel
-        runtime = parallel.ray_runtime_config()
+        # Resolved once here; every replica gets this job, so none decides the device again.
+        parallel = job.parallel.resolve()
+        self.job = job = dataclasses.replace(job, parallel=parallel)
         self._started_ray = False
         self.replicas: list[Replica] = []
         self.work = self.results = None
@@ -81,16 +81,16 @@ class ReplicaPool:
             local = {}
             if not parallel.ray_address:
                 count = 1 if parallel.num_replicas == "auto" else parallel.num_replicas
-                local = {"num_cpus": max(local_num_cpus(runtime), math.ceil(count * _replica_cpus(runtime)))}
+                local = {"num_cpus": max(local_num_cpus(parallel), math.ceil(count * _replica_cpus(parallel)))}
             ray.init(address=parallel.ray_address, include_dashboard=False, log_to_driver=True, **local)
             self._started_ray = True
         try:
-            self.num_replicas = resolve_num_replicas(parallel.num_replicas, runtime, cluster_nodes())
+            self.num_replicas = resolve_num_replicas(parallel.num_replicas, parallel, cluster_nodes())
         except ValueError as err:
             self.close()
             raise ConfigError(f"parallel.num_replicas: {err}") from err
-        self.max_restarts = runtime.max_restarts
-        self.tokenizer = load_tokenizer(job.model, model_spec(job.model, job.model.target, runtime.device))
+        self.max_restarts = parallel.max_restarts
+        self.tokenizer = load_tokenizer(job.model, model_spec(job.model, job.model.target, parallel.device))
         # The queue actors hold no CPU: they must not wait for resources the replicas' bundles took.
         self.work = Queue(actor_options={"num_cpus": 0})
         self.results = Queue(actor_options={"num_cpus": 0})
@@ -130,7 +130,7 @@ class ReplicaPool:
 
     def reconfigure(self, job: JobConfig) -> None:
         """Later streams decode with job's verifier, engine and sampling settings (same models)."""
-        self.job = job
+        self.job = job = dataclasses.replace(job, parallel=self.job.parallel)
         ray.get([replica.actor.reconfigure.remote(job) for replica in self._live()])
 
     def stream(self, items: Iterable[GenerationItem]) -> Iterator[tuple[Any, Any]]:

@@ -3,6 +3,8 @@
 import pytest
 import ray
 
+from distributed_spec.config import ParallelConfig
+
 
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -10,3 +12,8 @@ def ray_cluster():
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def ray_config(**overrides) -> ParallelConfig:
+    """parallel=ray settled on the CPU (gloo) unless `overrides` say otherwise."""
+    return ParallelConfig(**{"runtime": "ray", "device": "cpu", "backend": "gloo", **overrides})

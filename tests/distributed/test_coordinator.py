@@ -5,13 +5,14 @@ from dataclasses import replace
 
 import pytest
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.coordinator import decode_settings
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.stopping import StopChecker
 from tests.configs import engine_replace
+from tests.distributed.conftest import ray_config
 
 CONFIG = EngineConfig(
     verifier=VerifierConfig(method="block", num_draft_tokens=4),
@@ -37,7 +38,7 @@ def test_rows_finish_at_eos_or_budget(output, new_tokens, budget, expected_outpu
 
 
 def test_greedy_verification_sends_no_probabilities():
-    runtime = RayRuntimeConfig(wire_dtype="bfloat16", wire_top_k=16)
+    runtime = ray_config(wire_dtype="bfloat16", wire_top_k=16)
     assert not decode_settings(
         engine_replace(CONFIG, verifier=replace(CONFIG.verifier, method="greedy")), runtime, "cpu"
     ).wire.send_probs
@@ -46,7 +47,7 @@ def test_greedy_verification_sends_no_probabilities():
 
 
 def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
-    runtime = RayRuntimeConfig()
+    runtime = ray_config()
     assert runtime.wire_dtype == "auto"
     assert decode_settings(CONFIG, runtime, "cuda").wire.dtype == "bfloat16"
     assert decode_settings(CONFIG, runtime, "cpu").wire.dtype == "float32"
@@ -55,25 +56,25 @@ def test_the_default_wire_is_bfloat16_on_cuda_and_float32_on_the_cpu():
 
 def test_a_draft_method_needs_a_draft_factory():
     with pytest.raises(ValueError, match="verifier.method=autoregressive"):
-        RayCoordinator(TinyLlamaFactory(), None, CONFIG, RayRuntimeConfig())
+        RayCoordinator(TinyLlamaFactory(), None, CONFIG, ray_config())
     with pytest.raises(ValueError, match="verifier.proposer=ngram"):
         RayCoordinator(
             TinyLlamaFactory(),
             None,
             engine_replace(CONFIG, verifier=replace(CONFIG.verifier, proposer="model+ngram")),
-            RayRuntimeConfig(),
+            ray_config(),
         )
     # n-gram blocks need no draft model.
     RayCoordinator(
         TinyLlamaFactory(),
         None,
         engine_replace(CONFIG, verifier=replace(CONFIG.verifier, proposer="ngram")),
-        RayRuntimeConfig(),
+        ray_config(),
     ).close()
 
 
 def test_sigterm_becomes_system_exit_so_close_runs():
-    coordinator = RayCoordinator(TinyLlamaFactory(), TinyLlamaFactory(seed=1), CONFIG, RayRuntimeConfig())
+    coordinator = RayCoordinator(TinyLlamaFactory(), TinyLlamaFactory(seed=1), CONFIG, ray_config())
     previous = signal.getsignal(signal.SIGTERM)
     coordinator._install_signal_handlers()
     try:

@@ -11,7 +11,7 @@ GPU ids Ray gave them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ import ray
 import torch
 
 from distributed_spec.config import ConfigError, JobConfig, ParallelConfig, check_devices
-from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.factories import SpecFactory, TinyLlamaFactory
 from distributed_spec.distributed.group import launch, teardown
 from distributed_spec.distributed.placement import (
@@ -31,12 +30,12 @@ from distributed_spec.distributed.placement import (
     plan_placement,
     plan_runtime,
     remove_group,
-    resolve_device,
 )
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec
 from distributed_spec.plan import compose_job, main, plan_text
+from tests.distributed.conftest import ray_config
 
 CUDA = {"device": "cuda", "backend": "nccl"}
 
@@ -49,7 +48,7 @@ def node(gpus: float, cpus: float = 64.0) -> dict[str, float]:
 
 
 def test_the_draft_shares_shard_zero_gpu_so_n_shards_fit_n_gpus():
-    config = RayRuntimeConfig(tp_size=8, **CUDA)
+    config = ray_config(tp_size=8, **CUDA)
     plan = plan_placement(config)
     assert [bundle["GPU"] for bundle in plan.bundles] == [1.0] * 8
     assert plan.bundles[0]["CPU"] == 2.0  # shard 0 and the draft
@@ -60,7 +59,7 @@ def test_the_draft_shares_shard_zero_gpu_so_n_shards_fit_n_gpus():
 
 
 def test_whole_gpus_for_the_draft_need_a_bundle_and_a_gpu_of_its_own():
-    config = RayRuntimeConfig(tp_size=8, num_gpus_draft=1.0, **CUDA)
+    config = ray_config(tp_size=8, num_gpus_draft=1.0, **CUDA)
     plan = plan_placement(config)
     assert len(plan.bundles) == 9 and plan.draft.bundle == 8 and plan.bundles[8]["GPU"] == 1.0
     with pytest.raises(PlacementError) as error:
@@ -72,7 +71,7 @@ def test_whole_gpus_for_the_draft_need_a_bundle_and_a_gpu_of_its_own():
 
 
 def test_a_cpu_draft_takes_no_gpu():
-    plan = plan_placement(RayRuntimeConfig(tp_size=4, draft_device="cpu", **CUDA))
+    plan = plan_placement(ray_config(tp_size=4, draft_device="cpu", **CUDA))
     assert plan.draft_device == "cpu" and plan.draft.num_gpus == 0 and "GPU" not in plan.bundles[4]
     assert plan.shards[0].num_gpus == 1.0
 
@@ -85,33 +84,52 @@ def test_a_draft_sent_to_the_cpu_builds_there_with_its_target():
 
 
 def test_a_cpu_runtime_keeps_one_bundle_per_actor():
-    plan = plan_placement(RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5))
+    plan = plan_placement(ray_config(tp_size=2, num_cpus_per_shard=0.5))
     assert plan.bundles == [{"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 1.0}] and plan.draft_device == "cpu"
 
 
 def test_no_gpu_for_the_draft_on_cuda_is_refused_naming_the_keys():
     with pytest.raises(ValueError, match="parallel.num_gpus_draft=0.*parallel.draft_device=cpu"):
-        RayRuntimeConfig(tp_size=2, num_gpus_draft=0.0, **CUDA)
-    assert RayRuntimeConfig(tp_size=2, num_gpus_draft=0.0, draft_device="cpu", **CUDA).draft_device == "cpu"
+        ray_config(tp_size=2, num_gpus_draft=0.0, **CUDA)
+    assert ray_config(tp_size=2, num_gpus_draft=0.0, draft_device="cpu", **CUDA).draft_device == "cpu"
     with pytest.raises(ConfigError, match="parallel.num_gpus_draft"):
         ParallelConfig(runtime="ray", tp_size=2, device="cuda", num_gpus_draft=0.0)
 
 
 def test_too_few_gpus_or_cpus_fail_in_one_line_naming_the_keys():
-    config = RayRuntimeConfig(tp_size=4, **CUDA)
+    config = ray_config(tp_size=4, **CUDA)
     with pytest.raises(PlacementError, match="parallel.tp_size=4 .* needs 4 GPUs .* has 2"):
         check_fits(config, plan_placement(config), [node(2)])
-    cpu_heavy = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=8.0, **CUDA)
+    cpu_heavy = ray_config(tp_size=2, num_cpus_per_shard=8.0, **CUDA)
     with pytest.raises(PlacementError, match="parallel.num_cpus_per_shard"):
         check_fits(cpu_heavy, plan_placement(cpu_heavy), [node(8, cpus=4)])
 
 
 def test_device_auto_is_decided_by_the_cluster():
-    auto = RayRuntimeConfig(tp_size=2, device="auto", backend="auto")
-    assert resolve_device(auto, [node(0), node(4)]).device == "cuda"
-    assert resolve_device(auto, [node(4)]).backend == "nccl"
-    assert resolve_device(auto, [node(0)]).device == "cpu"
-    assert resolve_device(auto, [node(0)]).backend == "gloo"
+    auto = ray_config(tp_size=2, device="auto", backend="auto")
+    assert auto.resolve([node(0), node(4)]).device == "cuda"
+    assert auto.resolve([node(4)]).backend == "nccl"
+    assert auto.resolve([node(0)]).device == "cpu"
+    assert auto.resolve([node(0)]).backend == "gloo"
+
+
+def test_resolve_settles_device_and_backend_once():
+    # auto on this machine (the CPU test machine: cpu/gloo), for the local engine and a Ray started here.
+    here = ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+    for runtime in ("local", "ray"):
+        resolved = ParallelConfig(runtime=runtime).resolve()
+        assert (resolved.device, resolved.backend) == here and resolved.is_resolved
+        assert resolved.resolve() is resolved
+    # Explicit values are kept; backend auto follows the device.
+    explicit = ray_config(device="cuda", backend="gloo", tp_size=2)
+    assert explicit.resolve() is explicit
+    assert ParallelConfig(runtime="ray", device="cuda").resolve().backend == "nccl"
+    assert ParallelConfig(runtime="ray", device="cpu").resolve().backend == "gloo"
+    with pytest.raises(ConfigError, match="parallel.backend=nccl needs parallel.device=cuda"):
+        ParallelConfig(runtime="ray", device="cpu", backend="nccl")
+    # The settled copy is checked again: nccl where auto turned out to be cpu.
+    with pytest.raises(ConfigError, match="parallel.backend=nccl needs parallel.device=cuda"):
+        ParallelConfig(runtime="ray", backend="nccl").resolve([node(0)])
 
 
 def test_a_ray_job_does_not_need_a_gpu_on_the_driver():
@@ -136,7 +154,7 @@ def test_plan_shows_llama_70b_on_one_8_gpu_node(capsys):
 def test_plan_keys_exist_in_the_parallel_group():
     job: JobConfig = compose_job(["parallel=ray", "parallel.plan_only=true", "parallel.draft_device=cpu"])
     assert job.parallel.plan_only and job.parallel.num_gpus_draft == pytest.approx(0.1)
-    assert job.parallel.ray_runtime_config(device="cuda").draft_device == "cpu"
+    assert replace(job.parallel, device="cuda").resolve().draft_device == "cpu"
 
 
 # ---- on a Ray cluster with logical GPUs ---------------------------------------------------------
@@ -160,8 +178,10 @@ class Probe:
 def test_planned_slots_on_logical_gpus_co_locate_the_draft(gpu_cluster):
     nodes = cluster_nodes()
     assert sum(n["GPU"] for n in nodes) == 2
-    config, plan, _ = plan_runtime(RayRuntimeConfig(tp_size=2, device="auto", backend="auto"), nodes)
+    config, plan, _ = plan_runtime(ray_config(tp_size=2, device="auto", backend="auto"), nodes)
     assert config.device == "cuda"
+    # A job joining this cluster resolves auto from the cluster's GPUs, not the driver's (none here).
+    assert ray_config(device="auto", backend="auto", ray_address="auto").resolve().device == "cuda"
     group = create_placement_group(config)
     try:
         slots = [*plan.shards, plan.draft]
@@ -179,7 +199,7 @@ def test_planned_slots_on_logical_gpus_co_locate_the_draft(gpu_cluster):
     finally:
         remove_group(group)
     with pytest.raises(PlacementError, match="needs 3 GPUs"):
-        plan_runtime(RayRuntimeConfig(tp_size=3, **CUDA), nodes)
+        plan_runtime(ray_config(tp_size=3, **CUDA), nodes)
 
 
 @dataclass(frozen=True)
@@ -204,7 +224,7 @@ class SlowFetchFactory(TinyLlamaFactory):
 def test_files_are_fetched_before_loading_and_outside_the_load_timeout(gpu_cluster, tmp_path):
     # The load itself gets a 60 s budget (a busy 2-core machine can take 30 s to start an actor); the
     # fetch takes longer than that budget, so the launch only succeeds if the fetch is outside it.
-    config = RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, load_timeout_s=60.0)
+    config = ray_config(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, load_timeout_s=60.0)
     engine = EngineConfig(
         verifier=VerifierConfig(method="autoregressive"), sampling=SamplingConfig(temperature=0.0)
     )

@@ -4,7 +4,6 @@ import os
 
 import pytest
 
-from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.placement import local_num_cpus, runtime_bundles
 from distributed_spec.distributed.rendezvous import (
     Rendezvous,
@@ -12,6 +11,7 @@ from distributed_spec.distributed.rendezvous import (
     set_distributed_env,
     shard_placements,
 )
+from tests.distributed.conftest import ray_config
 
 
 def test_local_ranks_and_sizes_follow_nodes() -> None:
@@ -34,11 +34,11 @@ def test_distributed_env_has_every_variable_deepspeed_reads(monkeypatch: pytest.
 
 
 def test_bundles_one_gpu_per_shard_on_cuda() -> None:
-    assert runtime_bundles(RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5)) == [
+    assert runtime_bundles(ray_config(tp_size=2, num_cpus_per_shard=0.5)) == [
         {"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 1.0}
     ]
     # The draft shares shard 0's GPU by default (tests/distributed/test_placement.py has the rest).
-    cuda = runtime_bundles(RayRuntimeConfig(tp_size=2, device="cuda", backend="nccl"))
+    cuda = runtime_bundles(ray_config(tp_size=2, device="cuda", backend="nccl"))
     assert [bundle.get("GPU") for bundle in cuda] == [1.0, 1.0]
 
 
@@ -49,10 +49,10 @@ def test_bundles_one_gpu_per_shard_on_cuda() -> None:
 )
 def test_config_errors_name_the_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        RayRuntimeConfig(**kwargs)
+        ray_config(**kwargs)
 
 
 def test_a_local_ray_gets_enough_logical_cpus_for_every_bundle() -> None:
     # TP = 2 + draft on a 2-core machine: 3 one-CPU bundles must still be placeable.
-    assert local_num_cpus(RayRuntimeConfig(tp_size=2)) >= 3
-    assert local_num_cpus(RayRuntimeConfig(tp_size=4, num_cpus_per_shard=2.0)) >= 9
+    assert local_num_cpus(ray_config(tp_size=2)) >= 3
+    assert local_num_cpus(ray_config(tp_size=4, num_cpus_per_shard=2.0)) >= 9

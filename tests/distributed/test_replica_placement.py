@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from distributed_spec.config import ConfigError, ParallelConfig
-from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.placement import PlacementError
 from distributed_spec.distributed.replica_placement import fit_replicas, resolve_num_replicas
 from distributed_spec.plan import compose_job, plan_text
+from tests.distributed.conftest import ray_config
 
 EIGHT_GPU_NODE = {"CPU": 16.0, "GPU": 8.0}
 
@@ -18,14 +18,14 @@ EIGHT_GPU_NODE = {"CPU": 16.0, "GPU": 8.0}
     ("config", "nodes", "expected"),
     [
         # TP = 8 with the draft on shard 0's GPU: one replica per 8-GPU node.
-        (RayRuntimeConfig(tp_size=8, device="cuda", backend="nccl"), [EIGHT_GPU_NODE] * 4, 4),
+        (ray_config(tp_size=8, device="cuda", backend="nccl"), [EIGHT_GPU_NODE] * 4, 4),
         # TP = 2: four per node, limited by GPUs (3 CPUs each: 16 CPUs would hold five).
-        (RayRuntimeConfig(tp_size=2, device="cuda", backend="nccl"), [EIGHT_GPU_NODE] * 2, 8),
+        (ray_config(tp_size=2, device="cuda", backend="nccl"), [EIGHT_GPU_NODE] * 2, 8),
         # A draft with a GPU of its own: 3 GPUs per replica, two per node.
-        (RayRuntimeConfig(tp_size=2, device="cuda", backend="nccl", num_gpus_draft=1), [EIGHT_GPU_NODE], 2),
+        (ray_config(tp_size=2, device="cuda", backend="nccl", num_gpus_draft=1), [EIGHT_GPU_NODE], 2),
         # CPU replicas are counted in CPUs: 1 shard + 1 draft CPU each.
-        (RayRuntimeConfig(tp_size=1), [{"CPU": 5.0, "GPU": 0.0}], 2),
-        (RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5), [{"CPU": 2.0, "GPU": 0.0}], 2),
+        (ray_config(tp_size=1), [{"CPU": 5.0, "GPU": 0.0}], 2),
+        (ray_config(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5), [{"CPU": 2.0, "GPU": 0.0}], 2),
     ],
 )
 def test_auto_fills_the_nodes(config, nodes, expected):
@@ -34,14 +34,14 @@ def test_auto_fills_the_nodes(config, nodes, expected):
 
 
 def test_a_given_count_is_kept_and_auto_needs_room_for_one():
-    config = RayRuntimeConfig(tp_size=8, device="cuda", backend="nccl")
+    config = ray_config(tp_size=8, device="cuda", backend="nccl")
     assert resolve_num_replicas(3, config, [EIGHT_GPU_NODE]) == 3
     with pytest.raises(PlacementError, match="parallel.tp_size=8"):
         resolve_num_replicas("auto", config, [{"CPU": 16.0, "GPU": 4.0}])
 
 
 def test_replicas_spread_over_nodes_whole():
-    config = RayRuntimeConfig(tp_size=4, device="cuda", backend="nccl")
+    config = ray_config(tp_size=4, device="cuda", backend="nccl")
     assert fit_replicas(config, [EIGHT_GPU_NODE] * 2) == [[0] * 4, [0] * 4, [1] * 4, [1] * 4]
 
 

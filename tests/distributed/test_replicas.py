@@ -28,12 +28,12 @@ from distributed_spec.config import (
     TrackingConfig,
     VerifierConfig,
 )
-from distributed_spec.distributed.config import RayRuntimeConfig
 from distributed_spec.distributed.placement import cluster_nodes
 from distributed_spec.distributed.replica_placement import resolve_num_replicas
 from distributed_spec.jobs.ray_generator import RayGenerator
 from distributed_spec.jobs.replicas import ReplicaPool
 from distributed_spec.jobs.runner import run
+from tests.distributed.conftest import ray_config
 from tests.jobs.cli_runs import cli, sigkill_after_lines
 from tests.jobs.fakes import save_tiny_pair
 
@@ -197,9 +197,9 @@ def test_a_dead_replica_is_relaunched_and_its_records_go_to_the_other(single, po
 def test_auto_counts_replicas_from_the_clusters_logical_resources(ray_cluster):
     nodes = cluster_nodes()
     # 8 logical CPUs, 1 shard + 1 draft CPU per CPU replica.
-    assert resolve_num_replicas("auto", RayRuntimeConfig(tp_size=1), nodes) == 4
+    assert resolve_num_replicas("auto", ray_config(tp_size=1), nodes) == 4
     # 4 logical GPUs, TP = 2 with the draft on shard 0's GPU.
-    assert resolve_num_replicas("auto", RayRuntimeConfig(tp_size=2, device="cuda", backend="nccl"), nodes) == 2
+    assert resolve_num_replicas("auto", ray_config(tp_size=2, device="cuda", backend="nccl"), nodes) == 2
 
 
 def test_sigkill_with_two_replicas_then_resume_with_one(single, workdir, tmp_path, tmp_path_factory):

@@ -11,13 +11,14 @@ from dataclasses import replace
 import pytest
 import ray
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.engine.speculative import make_request
 from distributed_spec.verify import SamplingParams
 from tests.configs import engine_replace
+from tests.distributed.conftest import ray_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -30,7 +31,7 @@ CONFIG = EngineConfig(
     sampling=SamplingConfig(temperature=1.0, max_new_tokens=20, seed=3),
     max_batch_size=8,
 )
-RUNTIME = RayRuntimeConfig(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
+RUNTIME = ray_config(tp_size=1, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [3], [20, 21, 22, 23, 24]]
 SETTINGS = [HOT, OWN, GREEDY, SamplingParams(temperature=1.3), OWN]
 SEEDS = [None, 1234, None, 5, 99]

@@ -18,12 +18,13 @@ import ray
 import torch
 from ray.util.placement_group import placement_group_table
 
-from distributed_spec.distributed import GroupFailure, RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import GroupFailure, RayCoordinator
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.verify import SamplingParams
 from tests.configs import engine_replace
+from tests.distributed.conftest import ray_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -39,7 +40,7 @@ GREEDY = EngineConfig(
     max_batch_size=4,
 )
 # Fractional CPUs: 2 shards + draft fit in the test cluster's 4 logical CPUs twice over.
-RUNTIME = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
+RUNTIME = ray_config(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 
 
 def engine_results(config: EngineConfig, prompts=PROMPTS):

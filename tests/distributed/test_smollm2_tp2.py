@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import ray
 
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec, load_pair
 from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
+from tests.distributed.conftest import ray_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,10 +41,8 @@ def test_smollm2_tp2_greedy_equals_single_process_engine():
     del target, draft
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        runtime = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=1.0, num_cpus_draft=1.0)
-        with RayCoordinator(
-            SpecFactory(TARGET_SPEC), SpecFactory(DRAFT_SPEC, TARGET_SPEC), GREEDY, runtime
-        ) as tp2:
+        runtime = ray_config(tp_size=2, num_cpus_per_shard=1.0, num_cpus_draft=1.0)
+        with RayCoordinator(SpecFactory(TARGET_SPEC), SpecFactory(DRAFT_SPEC, TARGET_SPEC), GREEDY, runtime) as tp2:
             actual, actual_stats = tp2.generate_with_stats(prompts)
     finally:
         ray.shutdown()

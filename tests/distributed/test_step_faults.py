@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, TrackingConfig, VerifierConfig
-from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
+from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import SpeculativeEngine
 from distributed_spec.jobs.runner import run
 from distributed_spec.jobs.scheduler_generator import SchedulerGenerator
 from distributed_spec.models.tokenizers import eos_ids
+from tests.distributed.conftest import ray_config
 from tests.distributed.faulty import FaultyTarget
 from tests.jobs.cli_runs import read_jsonl
 from tests.jobs.fakes import tiny_chat_tokenizer
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 TARGET = TinyLlamaFactory(seed=0, logit_scale=4.0)
 DRAFT = TinyLlamaFactory(seed=0, logit_scale=4.0, noise=0.3)
-RUNTIME = RayRuntimeConfig(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=15.0)
+RUNTIME = ray_config(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=15.0)
 TOKENIZER = tiny_chat_tokenizer()
 POISON_TEXT = "§§§"  # three <unk> ids, which no other prompt holds
 

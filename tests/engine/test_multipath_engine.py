@@ -175,10 +175,11 @@ def test_bad_num_paths_is_rejected(overrides, message):
 
 def test_the_ray_runtime_rejects_several_paths():
     pytest.importorskip("ray")
-    from distributed_spec.distributed.config import RayRuntimeConfig
+    from distributed_spec.config import ParallelConfig
     from distributed_spec.distributed.coordinator import RayCoordinator
 
+    runtime = ParallelConfig(runtime="ray", device="cpu", backend="gloo")
     with pytest.raises(ValueError, match="num_paths=2"):
         RayCoordinator(
-            object(), object(), EngineConfig(verifier=VerifierConfig(num_paths=2)), RayRuntimeConfig()
+            object(), object(), EngineConfig(verifier=VerifierConfig(num_paths=2)), runtime
         )
