@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
-from distributed_spec.models import LoadedModel, ModelSpec, load_pair
+from distributed_spec.models import LoadedModel, ModelConfig, ModelSpec, load_pair
 from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger("bench")
@@ -80,15 +80,14 @@ def _mean_spread(values: list[float]) -> tuple[float, float]:
 
 def load_default_pair(draft: str, dtype: str = "float32") -> tuple[LoadedModel, LoadedModel]:
     """The embedded SmolLM2 target with the bundled distilled draft (or its first 4 layers)."""
-    target_spec = ModelSpec("smollm2", dtype=dtype)
     if draft == "distilled":
         try:
             from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
 
-            return load_pair(target_spec, ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
+            return load_pair(ModelConfig(draft=ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"), dtype=dtype))
         except (ImportError, FileNotFoundError, OSError) as error:
             logger.warning("distilled draft unavailable (%s); using the target's first 4 layers", error)
-    return load_pair(target_spec, ModelSpec(kind="truncated", num_layers=4))
+    return load_pair(ModelConfig(draft=ModelSpec(kind="truncated", num_layers=4), dtype=dtype))
 
 
 def load_prompts(tokenizer, num_prompts: int) -> tuple[list[list[int]], list[str]]:

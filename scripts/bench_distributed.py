@@ -37,8 +37,7 @@ from distributed_spec.distributed import RayCoordinator, RayRuntimeConfig
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
-from distributed_spec.models import ModelSpec
-from distributed_spec.models.loading import load_pair
+from distributed_spec.models import ModelConfig, ModelSpec, load_pair
 from distributed_spec.verify import SamplingParams
 from scripts.bench_engine import QUESTIONS
 
@@ -175,8 +174,8 @@ def main() -> None:
     args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
 
-    target_spec, spec = ModelSpec("smollm2"), draft_spec(args)
-    target, draft = load_pair(target_spec, spec)
+    pair = ModelConfig(draft=draft_spec(args))
+    target, draft = load_pair(pair)
     tokenizer = target.tokenizer
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
@@ -211,7 +210,7 @@ def main() -> None:
             variants = [("float32 q", runtime), ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
                         ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True))]
             start = time.perf_counter()
-            with RayCoordinator(SpecFactory(target_spec), SpecFactory(spec, target_spec), config, runtime) as coordinator:
+            with RayCoordinator(*SpecFactory.for_pair(pair, "cpu"), config, runtime) as coordinator:
                 print(f"Ray TP = {tp_size} up in {time.perf_counter() - start:.0f} s", flush=True)
                 for batch_size in args.batch_sizes:
                     for label, variant in variants:

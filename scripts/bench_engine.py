@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from distributed_spec.engine import EngineConfig, RunStats, SpeculativeEngine
-from distributed_spec.models import ModelSpec, load_model
-from distributed_spec.models.loading import check_shared_vocabulary
+from distributed_spec.models import ModelConfig, ModelSpec, load_pair
 from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 
 def draft_spec(args: argparse.Namespace) -> ModelSpec:
     """The best draft available: the distilled one when its code and checkpoint exist."""
-    truncated = ModelSpec(kind="truncated", num_layers=args.num_layers, device=args.device, dtype=args.dtype)
+    truncated = ModelSpec(kind="truncated", num_layers=args.num_layers)
     if args.draft == "truncated":
         return truncated
     checkpoint = Path(args.distilled_dir) if args.distilled_dir else None
@@ -78,7 +77,7 @@ def draft_spec(args: argparse.Namespace) -> ModelSpec:
         except ImportError:
             checkpoint = None
     if checkpoint is not None and checkpoint.is_dir():
-        return ModelSpec(str(checkpoint), kind="distilled", device=args.device, dtype=args.dtype)
+        return ModelSpec(str(checkpoint), kind="distilled")
     if args.draft == "distilled":
         raise SystemExit(f"--draft distilled: no distilled checkpoint at {checkpoint}")
     logger.warning("no distilled draft found; using the target's first %d layers", args.num_layers)
@@ -100,9 +99,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args()
     torch.set_num_threads(args.num_threads)
-    target = load_model(ModelSpec("smollm2", device=args.device, dtype=args.dtype), role="target")
-    draft = load_model(draft_spec(args), target=target, role="draft")
-    check_shared_vocabulary(target, draft)
+    target, draft = load_pair(ModelConfig(draft=draft_spec(args), dtype=args.dtype), args.device)
     tokenizer = target.tokenizer
     questions = [QUESTIONS[index % len(QUESTIONS)] for index in range(args.num_prompts)]
     prompts = [

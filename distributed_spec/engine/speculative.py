@@ -29,17 +29,10 @@ from distributed_spec.engine.executor import LocalExecutor
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
 from distributed_spec.engine.stopping import prompt_budgets
+from distributed_spec.models.pair import ModelFacts, check_pair
 from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-def _model_context(model: PreTrainedModel) -> int | None:
-    return getattr(model.config, "max_position_embeddings", None)
-
-
-def _model_name(model: PreTrainedModel) -> str:
-    return getattr(model, "name_or_path", "") or type(model).__name__
 
 
 class SpeculativeEngine:
@@ -51,7 +44,9 @@ class SpeculativeEngine:
         draft: PreTrainedModel | None,
         config: EngineConfig,
         tokenizer=None,
+        max_context_len: int | None = None,
     ) -> None:
+        """max_context_len: model.max_context_len, a cap under the models' max_position_embeddings."""
         self.config = config
         self.tokenizer = tokenizer
         self.target_runner = ModelRunner(target, config.compact_fraction)
@@ -64,20 +59,17 @@ class SpeculativeEngine:
                     "model; set engine.proposer=ngram (no draft model) or engine.method=autoregressive"
                 )
             self.draft_runner = ModelRunner(draft, config.compact_fraction)
-            if self.draft_runner.vocab_size != self.target_runner.vocab_size:
-                raise ValueError(
-                    f"draft {_model_name(draft)!r} has vocabulary size {self.draft_runner.vocab_size} but target "
-                    f"{_model_name(target)!r} has {self.target_runner.vocab_size}: pick a draft that shares "
-                    "the target's tokenizer"
-                )
             if self.draft_runner.device != self.device:
                 raise ValueError(
                     f"draft is on {self.draft_runner.device} but target is on {self.device}: "
                     "set both models' device to the same value"
                 )
-        contexts = [_model_context(target)] + ([_model_context(draft)] if config.uses_draft_model else [])
-        known = [context for context in contexts if context]
-        self.max_context = min(known) if known else None
+        # The pair's one check (vocabulary, context): models/pair.py.
+        self.max_context = check_pair(
+            ModelFacts.of_model(target),
+            ModelFacts.of_model(draft) if self.draft_runner is not None else None,
+            max_context_len,
+        )
 
         self.executor = LocalExecutor(self.target_runner, self.draft_runner)
         self.executor.max_context = self.max_context
