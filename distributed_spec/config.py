@@ -1,17 +1,18 @@
-"""Typed configuration of the generation job: one dataclass per Hydra group in conf/.
+"""The generation job's configuration: one dataclass per Hydra group in conf/ (torchtitan's shape).
 
-Each group folder in conf/ (model, parallel, verifier, sampling, data, tracking) is mirrored by a
-dataclass here, so a YAML key is a field you can find. `JobConfig.from_dictconfig(cfg)` merges the
-composed Hydra config onto these schemas (unknown keys and wrong types fail there) and builds the
-dataclasses, whose `__post_init__` checks values. Every error is a `ConfigError` whose message names
-the key to change; they fire before any model is loaded (the loader checks the loaded
-vocabularies once more). ParallelConfig (conf/parallel/) is defined in distributed/config.py.
+Each group is the config of the part it sets up, defined beside that part and used by it as is:
+`model` -> models/config.py (ModelConfig, the loader's), `parallel` -> distributed/config.py
+(ParallelConfig, the runtime's; `resolve()` settles device and backend once), `verifier`, `sampling`
+and `engine` -> engine/config.py (VerifierConfig, SamplingConfig, SchedulingConfig: the engine's);
+`data` and `tracking` are the job's own, here. `JobConfig.from_dictconfig(cfg)` merges the composed
+Hydra config onto these schemas (unknown keys and wrong types fail there) and builds the dataclasses,
+whose `__post_init__` checks values. Every error is a `ConfigError` whose message names the key to
+change in conf/; they fire before any model is loaded (models/pair.py checks the loaded pair again).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,109 +20,22 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-# parallel.* is defined with the runtime it configures (torch-free, docs/distributed.md); imported here
-# for JobConfig.parallel, so `from distributed_spec.config import ParallelConfig` keeps working.
+# Each group's class lives with the part it configures (torch-free modules); imported here for
+# JobConfig, so `from distributed_spec.config import ...` finds every one of them.
 from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.engine.config import EngineConfig, SamplingConfig, SchedulingConfig, VerifierConfig
 from distributed_spec.errors import ConfigError
+from distributed_spec.models.config import ModelConfig, ModelSpec  # noqa: F401
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # data.format: the job's own records (JSONL or Parquet), or OpenAI Batch API request files (JSONL).
 DATA_FORMATS = ("records", "openai_batch")
-# How a model source is read (mirrors distributed_spec.models.loading.MODEL_KINDS; a test checks).
-MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled")
-# Kinds derived from the loaded target: valid for the draft only.
-DERIVED_KINDS = ("truncated", "distilled")
-# A Hugging Face hub id: `org/name`, letters, digits and `-_.` only.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-@dataclass
-class ModelSourceConfig:
-    """Where one model of the pair comes from (model.target.*, model.draft.*)."""
-
-    # "smollm2" (the embedded default), a hub id (org/name), a local safetensors directory, a .gguf
-    # file, or for kind=distilled the distilled checkpoint directory; ignored by kind=truncated.
-    source: str = "smollm2"
-    # How to read `source`: auto (inferred), smollm2, hub, dir, gguf; drafts also truncated, distilled.
-    kind: str = "auto"
-    # kind=truncated: the target's first `num_layers` decoder layers form the draft.
-    num_layers: int | None = None
-    # Hub revision (branch, tag or commit); null: the default branch.
-    revision: str | None = None
-
-    def check(self, key: str, is_draft: bool) -> None:
-        _require(
-            self.kind in MODEL_KINDS, f"{key}.kind={self.kind!r} is unknown; choose one of {MODEL_KINDS}"
-        )
-        if self.kind in DERIVED_KINDS:
-            _require(
-                is_draft, f"{key}.kind={self.kind} derives a draft from the target; the target cannot use it"
-            )
-        if self.kind == "truncated":
-            _require(
-                self.num_layers is not None and self.num_layers >= 1,
-                f"{key}.kind=truncated needs {key}.num_layers >= 1, got {self.num_layers}",
-            )
-            return
-        path = Path(self.source).expanduser()
-        if self.kind in ("dir", "distilled"):
-            _require(
-                path.is_dir(), f"{key}.source={self.source!r} is not a directory ({key}.kind={self.kind})"
-            )
-        elif self.kind == "gguf" or (self.kind == "auto" and self.source.endswith(".gguf")):
-            _require(path.is_file(), f"{key}.source={self.source!r} is not a .gguf file")
-        elif self.kind == "auto":
-            _require(
-                self.source == "smollm2" or path.is_dir() or _HUB_ID.match(self.source) is not None,
-                f"{key}.source={self.source!r} is unknown: use smollm2, a hub id like org/name, "
-                "a local model directory or a .gguf file",
-            )
-        elif self.kind == "hub":
-            _require(
-                _HUB_ID.match(self.source) is not None,
-                f"{key}.source={self.source!r} is not a hub id (org/name)",
-            )
-
-
-@dataclass
-class ModelConfig:
-    """The target/draft pair (conf/model/*.yaml); loaded by distributed_spec.models.load_pair."""
-
-    # Short name of the pair; used in output directory names and W&B tags.
-    name: str = "smollm2"
-    # Target model M_b.
-    target: ModelSourceConfig = field(default_factory=ModelSourceConfig)
-    # Draft model M_s; must share the target's vocabulary. (conf/model/smollm2.yaml uses the bundled
-    # distilled draft; this fallback needs no file beyond the target.)
-    draft: ModelSourceConfig = field(
-        default_factory=lambda: ModelSourceConfig(source="smollm2", kind="truncated", num_layers=4)
-    )
-    # Tokenizer (hub id or directory) to use instead of the target's; null: the target's.
-    tokenizer: str | None = None
-    # Weights dtype of both models: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16.
-    dtype: str = "auto"
-    # Context length in tokens; null: the models' max_position_embeddings.
-    max_context_len: int | None = None
-    # Run modelling code shipped with hub repositories (trusted repositories only).
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        _require(bool(self.name), "model.name must not be empty")
-        self.target.check("model.target", is_draft=False)
-        self.draft.check("model.draft", is_draft=True)
-        _require(self.dtype in DTYPES, f"model.dtype={self.dtype!r} is unknown; choose one of {DTYPES}")
-        _require(
-            self.max_context_len is None or self.max_context_len > 1,
-            f"model.max_context_len must be > 1 or null, got {self.max_context_len}",
-        )
 
 
 @dataclass

@@ -39,7 +39,7 @@ from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
-from distributed_spec.models import ModelSpec
+from distributed_spec.models import ModelConfig
 from distributed_spec.models.loading import load_pair
 from scripts.common import QUESTIONS, chat_ids, draft_spec
 
@@ -179,9 +179,10 @@ def main() -> None:
     args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
 
-    target_spec, spec = ModelSpec("smollm2"), draft_spec(args.draft, args.num_layers)
-    target, draft = load_pair(target_spec, spec)
-    prompts = [chat_ids(target.tokenizer, [{"role": "user", "content": question}]) for question in QUESTIONS]
+    pair = ModelConfig(draft=draft_spec(args.draft, args.num_layers))
+    target, draft = load_pair(pair)
+    tokenizer = target.tokenizer
+    prompts = [chat_ids(tokenizer, [{"role": "user", "content": question}]) for question in QUESTIONS]
     while len(prompts) < max(args.batch_sizes):
         prompts += prompts
     config = EngineConfig(
@@ -216,9 +217,7 @@ def main() -> None:
                 ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True)),
             ]
             start = time.perf_counter()
-            with RayCoordinator(
-                SpecFactory(target_spec), SpecFactory(spec, target_spec), config, runtime
-            ) as coordinator:
+            with RayCoordinator(*SpecFactory.for_pair(pair, "cpu"), config, runtime) as coordinator:
                 print(f"Ray TP = {tp_size} up in {time.perf_counter() - start:.0f} s", flush=True)
                 for batch_size in args.batch_sizes:
                     for label, variant in variants:

@@ -25,7 +25,7 @@ from distributed_spec.config import (
     DataConfig,
     JobConfig,
     ModelConfig,
-    ModelSourceConfig,
+    ModelSpec,
     ParallelConfig,
     SamplingConfig,
     TrackingConfig,
@@ -60,7 +60,7 @@ def model_config(tiny: bool, root: Path, dtype: str) -> ModelConfig:
     from tests.jobs.fakes import save_tiny_pair
 
     target, draft = save_tiny_pair(root / "pair", max_position_embeddings=1024)
-    return ModelConfig(name="tiny", target=ModelSourceConfig(str(target), "dir"), draft=ModelSourceConfig(str(draft), "dir"))
+    return ModelConfig(name="tiny", target=ModelSpec(str(target), "dir"), draft=ModelSpec(str(draft), "dir"))
 
 
 def job_for(args, model: ModelConfig, input_path: Path, out: Path, num_replicas: int, threads: int) -> JobConfig:

@@ -57,22 +57,22 @@ def question_prompts(tokenizer, num_prompts: int = len(QUESTIONS)) -> list[list[
 # ----------------------------------------------------------------------------- model pair
 
 
-def draft_spec(draft: str = "auto", num_layers: int = 4, distilled_dir: str | None = None, **spec_kwargs):
-    """The draft of the default pair as a ModelSpec.
+def draft_spec(draft: str = "auto", num_layers: int = 4, distilled_dir: str | None = None):
+    """The draft of the default pair as a ModelSpec (model.draft).
 
     draft: "distilled" (the bundled distilled draft, or distilled_dir; an error when missing),
     "truncated" (the target's first num_layers layers: untrained, low acceptance) or "auto" (distilled
-    when its checkpoint exists, else truncated with a warning). spec_kwargs: device, dtype.
+    when its checkpoint exists, else truncated with a warning).
     """
     from distributed_spec.models import ModelSpec
     from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
 
-    truncated = ModelSpec(kind="truncated", num_layers=num_layers, **spec_kwargs)
+    truncated = ModelSpec(kind="truncated", num_layers=num_layers)
     if draft == "truncated":
         return truncated
     checkpoint = Path(distilled_dir) if distilled_dir else Path(DISTILLED_SMOLLM2_DRAFT_DIR)
     if checkpoint.is_dir():
-        return ModelSpec(str(checkpoint), kind="distilled", **spec_kwargs)
+        return ModelSpec(str(checkpoint), kind="distilled")
     if draft == "distilled":
         raise SystemExit(f"--draft distilled: no distilled checkpoint at {checkpoint}")
     logger.warning("no distilled draft at %s; using the target's first %d layers", checkpoint, num_layers)
@@ -82,11 +82,10 @@ def draft_spec(draft: str = "auto", num_layers: int = 4, distilled_dir: str | No
 def load_default_pair(draft: str = "auto", dtype: str = "float32", num_layers: int = 4,
                       distilled_dir: str | None = None, device: str = "cpu"):
     """(target, draft) LoadedModels: the embedded SmolLM2 target and draft_spec(draft, ...)."""
-    from distributed_spec.models import ModelSpec, load_pair
+    from distributed_spec.models import ModelConfig, ModelSpec, load_pair
 
-    target_spec = ModelSpec("smollm2", dtype=dtype, device=device)
-    # The draft follows the target's dtype (its "auto"): a derived draft shares its modules.
-    return load_pair(target_spec, draft_spec(draft, num_layers, distilled_dir, device=device))
+    pair = ModelConfig(target=ModelSpec("smollm2"), draft=draft_spec(draft, num_layers, distilled_dir), dtype=dtype)
+    return load_pair(pair, device=device)
 
 
 # ----------------------------------------------------------------------------- statistics and timing

@@ -108,7 +108,7 @@ def tiny_pair() -> list[str]:
 
 def default_pair() -> list[str]:
     from distributed_spec.distributed.factories import SpecFactory
-    from distributed_spec.models import ModelSpec, load_pair
+    from distributed_spec.models import ModelConfig, ModelSpec, load_pair
     from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
     from distributed_spec.models.fetch import smollm2_gguf_path
 
@@ -118,9 +118,8 @@ def default_pair() -> list[str]:
         return ["skip default pair: the SmolLM2 .gguf is not here (python -m distributed_spec.models.fetch)"]
     if not DISTILLED_SMOLLM2_DRAFT_DIR.is_dir():
         return [f"skip default pair: no distilled draft at {DISTILLED_SMOLLM2_DRAFT_DIR}"]
-    target_spec = ModelSpec("smollm2", device="cuda")
-    draft_spec = ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled", device="cuda")
-    target, draft = load_pair(target_spec, draft_spec)
+    pair = ModelConfig(draft=ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
+    target, draft = load_pair(pair, device="cuda")
     prompts = [
         target.tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -128,12 +127,7 @@ def default_pair() -> list[str]:
         for text in ("What is the capital of France?", "Write a Python function that adds two numbers.")
     ]
     return run_pair(
-        "smollm2",
-        SpecFactory(target_spec),
-        SpecFactory(draft_spec, target_spec),
-        target.model,
-        draft.model,
-        prompts,
+        "smollm2", *SpecFactory.for_pair(pair, "cuda"), target.model, draft.model, prompts
     )
 
 

@@ -33,7 +33,7 @@ from distributed_spec.distributed.shard_loading import tensor_files
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelSpec
-from distributed_spec.models.loading import checkpoint_dir
+from distributed_spec.models.loading import checkpoint_dir, torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class FullBuildFactory(SpecFactory):
 def full_weight_bytes(spec: ModelSpec) -> int:
     """Bytes of the checkpoint's tensors at the model's dtype (what one full copy holds)."""
     files = tensor_files(checkpoint_dir(spec, download=True))
-    itemsize = torch.empty((), dtype=spec.torch_dtype).element_size()
+    itemsize = torch.empty((), dtype=torch_dtype("auto", "cpu")).element_size()  # SpecFactory's default
     total = 0
     for name, path in files.items():
         with safe_open(path, framework="pt") as handle:
@@ -107,7 +107,7 @@ def main() -> None:
 
     spec = ModelSpec(args.model)
     full_bytes = full_weight_bytes(spec)
-    print(f"{args.model}: full weights {full_bytes / 2**20:.1f} MB ({spec.torch_dtype}), TP = {args.tp_size}")
+    print(f"{args.model}: full weights {full_bytes / 2**20:.1f} MB ({torch_dtype('auto', 'cpu')}), TP = {args.tp_size}")
     config = ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=args.tp_size)
     ray.init(num_cpus=local_num_cpus(config), include_dashboard=False, log_to_driver=False)
     try:

@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from distributed_spec.config import MODEL_KINDS, ConfigError, JobConfig, ParallelConfig
+from distributed_spec.config import ConfigError, JobConfig, ParallelConfig
 from distributed_spec.hydra_config import CONF_DIR
 from tests.jobs.cli_runs import cli, read_jsonl, tiny_args, write_prompts
 from tests.jobs.fakes import save_tiny_pair
@@ -123,12 +123,6 @@ def test_the_proposer_key_reaches_the_verifier():
     job = _compose(["verifier.proposer=ngram"])
     assert job.verifier.proposer == "ngram" and not job.verifier.uses_draft_model
     assert _compose(["verifier.proposer=model+ngram"]).verifier.uses_draft_model
-
-
-def test_model_kinds_mirror_the_loader():
-    from distributed_spec.models import MODEL_KINDS as LOADER_KINDS
-
-    assert MODEL_KINDS == LOADER_KINDS
 
 
 def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):

@@ -130,7 +130,9 @@ class RayCoordinator:
         config: EngineConfig,
         runtime: ParallelConfig,
         tokenizer=None,
+        max_context_len: int | None = None,
     ) -> None:
+        """max_context_len: model.max_context_len, a cap under the models' max_position_embeddings."""
         if config.verifier.uses_draft_model and draft_factory is None:
             raise ValueError(
                 f"verifier.method={config.verifier.method!r} with verifier.proposer={config.verifier.proposer!r} needs a draft "
@@ -142,6 +144,7 @@ class RayCoordinator:
         self.tokenizer = tokenizer
         self.target_factory = target_factory
         self.draft_factory = draft_factory
+        self.max_context_len = max_context_len
         self.actors: RuntimeActors | None = None
         self.timings = RuntimeTimings()
         self._relaunched = False
@@ -178,6 +181,7 @@ class RayCoordinator:
                 self.target_factory,
                 self.draft_factory,
                 draft_seed=self.config.sampling.seed + 7919 * (self._num_launches + 1),
+                max_context_len=self.max_context_len,
             )
             self._num_launches += 1
         return self

@@ -28,6 +28,7 @@ from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_m
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
 from distributed_spec.engine.steps import propose
+from distributed_spec.models.pair import ModelFacts
 from distributed_spec.verify import RowSampling, logits_to_probs, sample_from_probs
 
 
@@ -100,16 +101,15 @@ class DraftWorker:
         device: str,
         compact_fraction: float,
         seed: int,
-    ) -> dict[str, int | None]:
-        """Build the draft on this actor's device. Returns its vocabulary size and context length."""
+    ) -> dict[str, ModelFacts]:
+        """Build the draft on this actor's device. Returns its facts (vocabulary size, context length)."""
         self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
         model = model_factory().to(self.device)
         self.runner = ModelRunner(model, compact_fraction)
         self.side = DraftSide(self.runner)
         # Uniforms of blocks drafted ahead (the coordinator cannot know their rows in advance).
         self.generator = torch.Generator().manual_seed(seed)
-        max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        return {"vocab_size": self.runner.vocab_size, "max_context": max_context}
+        return {"facts": ModelFacts.of_model(model)}
 
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from distributed_spec.distributed.shard_loading import Checkpoint
-from distributed_spec.models.loading import ModelSpec, checkpoint_dir, load_model, load_pair
+from distributed_spec.models.config import ModelConfig, ModelSpec
+from distributed_spec.models.loading import checkpoint_dir, load_model, load_pair, torch_dtype
 from distributed_spec.models.tiny import perturbed_copy, tiny_llama
 
 
@@ -49,20 +50,41 @@ class TinyLlamaFactory:
 
 @dataclass(frozen=True)
 class SpecFactory:
-    """A model described by models.loading.ModelSpec; a draft derived from the target (kind
-    "truncated" or "distilled") also names the target it derives from."""
+    """A model described by a models.config.ModelSpec, built on `device` with the pair's model.dtype
+    and model.trust_remote_code; a draft derived from the target (kind "truncated" or "distilled")
+    also names the target it derives from."""
 
     spec: ModelSpec
     target_spec: ModelSpec | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    @classmethod
+    def for_pair(cls, model: ModelConfig, device: str) -> tuple[SpecFactory, SpecFactory]:
+        """The target's factory and the draft's (which names the target) for the Hydra group `model`."""
+        options = {"device": device, "dtype": model.dtype, "trust_remote_code": model.trust_remote_code}
+        return cls(model.target, **options), cls(model.draft, target_spec=model.target, **options)
 
     def __call__(self) -> torch.nn.Module:
+        options = {"device": self.device, "dtype": self.dtype, "trust_remote_code": self.trust_remote_code}
         if self.spec.resolved_kind in ("truncated", "distilled"):
             if self.target_spec is None:
                 raise ValueError(
                     f"draft kind {self.spec.resolved_kind!r} needs target_spec (the target's model spec)"
                 )
-            return load_pair(self.target_spec, self.spec)[1].model
-        return load_model(self.spec).model
+            # The pair's loader: it checks the draft against the target it derives from.
+            return load_pair(self._pair(), self.device)[1].model
+        return load_model(self.spec, **options).model
+
+    def _pair(self) -> ModelConfig:
+        return ModelConfig(
+            name="pair",
+            target=self.target_spec,
+            draft=self.spec,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+        )
 
     def fetch(self) -> None:
         """Download or convert the files this model loads from (the target's too, for a derived draft)."""
@@ -75,12 +97,9 @@ class SpecFactory:
         directory = checkpoint_dir(self.spec)
         if directory is None:
             return None
-        return Checkpoint(directory, self.spec.torch_dtype, self.spec.trust_remote_code)
+        return Checkpoint(directory, torch_dtype(self.dtype, self.device), self.trust_remote_code)
 
     def on_device(self, device: str) -> SpecFactory:
-        """The same model built on `device` (e.g. a draft moved to the CPU by parallel.draft_device=cpu).
-
-        A derived draft loads its target too, so the target's spec moves with it.
-        """
-        target_spec = None if self.target_spec is None else replace(self.target_spec, device=device)
-        return SpecFactory(replace(self.spec, device=device), target_spec)
+        """The same model built on `device` (e.g. a draft moved to the CPU by parallel.draft_device=cpu);
+        a derived draft loads its target there too."""
+        return replace(self, device=device)

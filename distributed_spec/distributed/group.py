@@ -35,6 +35,7 @@ from distributed_spec.distributed.rendezvous import Rendezvous, pick_rendezvous,
 from distributed_spec.distributed.shm_segments import group_segments, remove_segments, stale_segments
 from distributed_spec.distributed.target_shard import TargetShard
 from distributed_spec.engine.config import EngineConfig
+from distributed_spec.models.pair import check_pair
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ def launch(
     target_factory: ModelFactory,
     draft_factory: ModelFactory | None,
     draft_seed: int,
+    max_context_len: int | None = None,
 ) -> RuntimeActors:
     """Start and load every actor; on any failure tear down what was started and re-raise.
 
@@ -187,17 +189,11 @@ def launch(
         actors.shard_memory = [
             {key: info[key] for key in ("parameter_bytes", "load_peak_rss_bytes")} for info in loaded[: len(shards)]
         ]
-        actors.vocab_size = int(loaded[0]["vocab_size"])
-        actors.max_context = loaded[0]["max_context"]
-        if draft is not None:
-            draft_info = loaded[-1]
-            if draft_info["vocab_size"] != actors.vocab_size:
-                raise ValueError(
-                    f"draft vocabulary size {draft_info['vocab_size']} differs from the target's "
-                    f"{actors.vocab_size}: pick a draft that shares the target's tokenizer"
-                )
-            contexts = [c for c in (actors.max_context, draft_info["max_context"]) if c]
-            actors.max_context = min(contexts) if contexts else None
+        # What the actors built, checked as one pair (models/pair.py): vocabulary, context.
+        target_facts = loaded[0]["facts"]
+        draft_facts = loaded[-1]["facts"] if draft is not None else None
+        actors.vocab_size = int(target_facts.vocab_size)
+        actors.max_context = check_pair(target_facts, draft_facts, max_context_len)
         logger.info(
             "runtime up: %d target shard(s) at %s:%d, draft %s",
             config.tp_size,

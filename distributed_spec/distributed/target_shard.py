@@ -37,6 +37,7 @@ from distributed_spec.distributed.wire import DraftBlock, unpack_probs
 from distributed_spec.engine.executor import verify_step
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import TargetSide
+from distributed_spec.models.pair import ModelFacts
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ class TargetShard:
     ) -> dict[str, int | None]:
         """Join the group and build this rank's shard of the target.
 
-        Returns the target's vocabulary size and context length (the coordinator checks prompts),
+        Returns the target's facts (models.pair.ModelFacts: vocabulary size, context length; the group
+        checks the pair with them),
         and what the shard holds: its parameter bytes, and how much its resident host memory grew
         while loading at its peak (`load_peak_rss_bytes`; includes mapped checkpoint pages).
         """
@@ -98,10 +100,8 @@ class TargetShard:
         load_peak_rss = peak_rss_bytes() - rss_before
         self.runner = ModelRunner(self.model, compact_fraction)
         self.side = TargetSide(self.runner)
-        max_context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         return {
-            "vocab_size": self.runner.vocab_size,
-            "max_context": max_context,
+            "facts": ModelFacts.of_model(self.model),
             "parameter_bytes": parameter_bytes(self.model),
             "load_peak_rss_bytes": load_peak_rss,
         }

@@ -1,9 +1,8 @@
 """SpeculativeEngine: the single-process engine (the scheduler over in-process models).
 
-    from distributed_spec.engine import EngineConfig, SpeculativeEngine
-    results = SpeculativeEngine(target_model, draft_model, EngineConfig(method="block", g=4)).generate(
-        [[1, 2, 3], [4, 5]]
-    )
+    from distributed_spec.engine import EngineConfig, SpeculativeEngine, VerifierConfig
+    config = EngineConfig(VerifierConfig(method="block", num_draft_tokens=4))
+    results = SpeculativeEngine(target_model, draft_model, config).generate([[1, 2, 3], [4, 5]])
 
 It builds a ModelRunner per model, a LocalExecutor over them (executor.py) and runs the scheduler
 (scheduler.py): continuous batching of `max_batch_size` rows, each row's prompt going in with its
@@ -12,7 +11,7 @@ sides.py), rows finishing on an EOS id, a stop string or their budget. Every gen
 out of a decoding step, so block efficiency = tokens / (row, target call) pairs. The
 "autoregressive" method is the same loop with g = 0 and no draft: the baseline.
 
-Randomness: each prompt has its own torch.Generator, seeded from (EngineConfig.seed, the prompt's
+Randomness: each prompt has its own torch.Generator, seeded from (sampling.seed, the prompt's
 key: its index, or the key the caller gives), so a prompt's output does not depend on its batch.
 """
 
@@ -29,17 +28,10 @@ from distributed_spec.engine.executor import LocalExecutor
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.scheduler import Request, Scheduler, request_seed
 from distributed_spec.engine.stopping import prompt_budgets
+from distributed_spec.models.pair import ModelFacts, check_pair
 from distributed_spec.verify import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-def _model_context(model: PreTrainedModel) -> int | None:
-    return getattr(model.config, "max_position_embeddings", None)
-
-
-def _model_name(model: PreTrainedModel) -> str:
-    return getattr(model, "name_or_path", "") or type(model).__name__
 
 
 class SpeculativeEngine:
@@ -51,7 +43,9 @@ class SpeculativeEngine:
         draft: PreTrainedModel | None,
         config: EngineConfig,
         tokenizer=None,
+        max_context_len: int | None = None,
     ) -> None:
+        """max_context_len: model.max_context_len, a cap under the models' max_position_embeddings."""
         self.config = config
         self.tokenizer = tokenizer
         self.target_runner = ModelRunner(target, config.scheduling.compact_fraction)
@@ -64,20 +58,17 @@ class SpeculativeEngine:
                     "model; set verifier.proposer=ngram (no draft model) or verifier.method=autoregressive"
                 )
             self.draft_runner = ModelRunner(draft, config.scheduling.compact_fraction)
-            if self.draft_runner.vocab_size != self.target_runner.vocab_size:
-                raise ValueError(
-                    f"draft {_model_name(draft)!r} has vocabulary size {self.draft_runner.vocab_size} but target "
-                    f"{_model_name(target)!r} has {self.target_runner.vocab_size}: pick a draft that shares "
-                    "the target's tokenizer"
-                )
             if self.draft_runner.device != self.device:
                 raise ValueError(
                     f"draft is on {self.draft_runner.device} but target is on {self.device}: "
                     "set both models' device to the same value"
                 )
-        contexts = [_model_context(target)] + ([_model_context(draft)] if config.verifier.uses_draft_model else [])
-        known = [context for context in contexts if context]
-        self.max_context = min(known) if known else None
+        # The pair's one check (vocabulary, context): models/pair.py.
+        self.max_context = check_pair(
+            ModelFacts.of_model(target),
+            ModelFacts.of_model(draft) if self.draft_runner is not None else None,
+            max_context_len,
+        )
 
         self.executor = LocalExecutor(self.target_runner, self.draft_runner)
         self.executor.max_context = self.max_context
@@ -96,7 +87,7 @@ class SpeculativeEngine:
         self, prompts_token_ids: Sequence[Sequence[int]], tokenizer=None, keys: Sequence | None = None
     ) -> tuple[list[GenerationResult], RunStats]:
         """Like `generate`, also returning the statistics of the run. keys: per prompt, what seeds its
-        generator with EngineConfig.seed (default: its index)."""
+        generator with sampling.seed (default: its index)."""
         requests = build_requests(
             prompts_token_ids, self.config, self.target_runner.vocab_size, self.max_context, keys
         )

@@ -11,13 +11,10 @@ accepted prefix and emits one correction or bonus token; block efficiency = toke
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from distributed_spec.config import DERIVED_KINDS, ConfigError, ModelConfig, ModelSourceConfig
 from distributed_spec.jobs.io import RecordSampling
 
 if TYPE_CHECKING:
@@ -60,35 +57,3 @@ class Generator(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def _declared_vocab_size(source: ModelSourceConfig) -> int | None:
-    """vocab_size from a model's config.json when it is on disk (a directory or the hub cache), else None."""
-    if source.kind in DERIVED_KINDS or source.kind in ("smollm2", "gguf") or source.source.endswith(".gguf"):
-        return None
-    path = Path(source.source).expanduser()
-    config_path: Path | str | None = path / "config.json" if path.is_dir() else None
-    if config_path is None and source.kind in ("auto", "hub"):
-        from huggingface_hub import try_to_load_from_cache
-
-        config_path = try_to_load_from_cache(source.source, "config.json", revision=source.revision)
-    if not isinstance(config_path, (str, Path)) or not Path(config_path).is_file():
-        return None
-    config = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    vocab_size = config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
-    return int(vocab_size) if vocab_size is not None else None
-
-
-def check_vocab_sizes(model: ModelConfig) -> None:
-    """Refuse a pair whose config files declare different vocabularies, before loading weights.
-
-    The loader checks the loaded tokenizers and LM heads again; this catches what it can early.
-    """
-    target_size = _declared_vocab_size(model.target)
-    draft_size = _declared_vocab_size(model.draft)
-    if target_size is not None and draft_size is not None and target_size != draft_size:
-        raise ConfigError(
-            f"model.draft.source={model.draft.source!r} has a vocabulary of {draft_size} tokens but "
-            f"model.target.source={model.target.source!r} has {target_size}: pick a draft that shares "
-            "the target's tokenizer"
-        )

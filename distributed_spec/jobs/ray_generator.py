@@ -13,7 +13,7 @@ from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.distributed.group import LoadTimeoutError
-from distributed_spec.jobs.scheduler_generator import SchedulerGenerator, model_spec
+from distributed_spec.jobs.scheduler_generator import SchedulerGenerator
 from distributed_spec.models.tokenizers import (
     GenerationConfigHolder,
     eos_ids,
@@ -29,20 +29,20 @@ class RayGenerator(SchedulerGenerator):
     def __init__(self, job: JobConfig) -> None:
         # Device and backend settled once; a replica's job arrives resolved (jobs/replicas.py).
         runtime = job.parallel.resolve()
-        target_spec = model_spec(job.model, job.model.target, runtime.device)
-        draft_spec = model_spec(job.model, job.model.draft, runtime.device)
-        self.tokenizer = load_tokenizer(job.model, target_spec)
+        target_factory, draft_factory = SpecFactory.for_pair(job.model, runtime.device)
+        self.tokenizer = load_tokenizer(job.model)
         # The same EOS rule as the local runtime: the tokenizer's and the generation config's ids.
-        generation_config = GenerationConfigHolder(load_generation_config(job.model, target_spec))
+        generation_config = GenerationConfigHolder(load_generation_config(job.model))
         self._config = job.engine_config(eos_ids(self.tokenizer, generation_config))
         uses_draft = job.verifier.uses_draft_model
         self.has_draft_model = uses_draft
         self.coordinator = RayCoordinator(
-            SpecFactory(target_spec),
-            SpecFactory(draft_spec, target_spec=target_spec) if uses_draft else None,
+            target_factory,
+            draft_factory if uses_draft else None,
             self._config,
             runtime,
             tokenizer=self.tokenizer,
+            max_context_len=job.model.max_context_len,
         )
         self.backend = self.coordinator
         try:
@@ -56,16 +56,14 @@ class RayGenerator(SchedulerGenerator):
                 # One clear line naming the setting, not a traceback.
                 raise ConfigError(str(err)) from err
             raise
-        contexts = [
-            context for context in (job.model.max_context_len, self.coordinator.actors.max_context) if context
-        ]
-        self.max_context_len = min(contexts) if contexts else 1 << 30
+        # The pair's context, capped by model.max_context_len (checked by the group: models.check_pair).
+        self.max_context_len = self.coordinator.actors.max_context or 1 << 30
         logger.info(
             "ray runtime up: target %s over %d shard(s) on %s, draft %s",
-            target_spec.source,
+            job.model.target.source,
             runtime.tp_size,
             runtime.device,
-            draft_spec.source if uses_draft else "none",
+            job.model.draft.source if uses_draft else "none",
         )
 
     def close(self) -> None:

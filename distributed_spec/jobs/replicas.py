@@ -39,7 +39,6 @@ from distributed_spec.engine.config import RunStats
 from distributed_spec.jobs.generator import GenerationItem
 from distributed_spec.jobs.replica_ledger import WorkLedger
 from distributed_spec.jobs.replica_worker import TAKEN, ReplicaWorker, pack, stop_message, unpack
-from distributed_spec.jobs.scheduler_generator import model_spec
 from distributed_spec.models.tokenizers import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class ReplicaPool:
             self.close()
             raise ConfigError(f"parallel.num_replicas: {err}") from err
         self.max_restarts = parallel.max_restarts
-        self.tokenizer = load_tokenizer(job.model, model_spec(job.model, job.model.target, parallel.device))
+        self.tokenizer = load_tokenizer(job.model)
         # The queue actors hold no CPU: they must not wait for resources the replicas' bundles took.
         self.work = Queue(actor_options={"num_cpus": 0})
         self.results = Queue(actor_options={"num_cpus": 0})

@@ -30,9 +30,10 @@ from distributed_spec.jobs.errors import (
     RecordError,
     record_error,
 )
-from distributed_spec.jobs.generator import GenerationItem, Generator, check_vocab_sizes
+from distributed_spec.jobs.generator import GenerationItem, Generator
 from distributed_spec.jobs.io import InputRecord, JsonlAppender, check_record, id_key, read_records
 from distributed_spec.jobs.resume import check_run_meta, reset_outputs, scan_jsonl
+from distributed_spec.models.pair import check_declared_pair
 from distributed_spec.tracking import rank_zero_logger
 from distributed_spec.tracking.metrics import RunMetrics, record_stats
 from distributed_spec.tracking.progress import Progress, print_summary
@@ -137,11 +138,12 @@ def default_output_dir() -> Path:
 
 
 def check_job(job: JobConfig) -> None:
-    """Every start-time check that needs no model: input file, devices, runtime, vocabularies."""
+    """Every start-time check that needs no model: input file, devices, runtime, and the pair as its
+    config.json files declare it (vocabularies, context)."""
     job.data.check_input_exists()
     check_devices(job.parallel)
     check_runtime_available(job)
-    check_vocab_sizes(job.model)
+    check_declared_pair(job.model, with_draft=job.verifier.uses_draft_model)
 
 
 def render_prompt(

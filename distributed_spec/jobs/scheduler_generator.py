@@ -11,24 +11,11 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSourceConfig
+from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.engine import EngineConfig, RunStats
 from distributed_spec.engine.scheduler import Scheduler
 from distributed_spec.engine.speculative import make_request, to_result
 from distributed_spec.jobs.generator import GenerationItem
-from distributed_spec.models import ModelSpec
-
-
-def model_spec(model: ModelConfig, source: ModelSourceConfig, device: str) -> ModelSpec:
-    return ModelSpec(
-        source=source.source,
-        kind=source.kind,
-        dtype=model.dtype,
-        device=device,
-        num_layers=source.num_layers,
-        trust_remote_code=model.trust_remote_code,
-        revision=source.revision,
-    )
 
 
 class SchedulerGenerator:

@@ -1,15 +1,17 @@
 """Load target and draft models (hub id, local safetensors directory, GGUF file, embedded SmolLM2).
 
-    from distributed_spec.models import ModelSpec, load_pair
-    target, draft = load_pair(ModelSpec("smollm2"), ModelSpec(kind="truncated", num_layers=4))
+    from distributed_spec.models import ModelConfig, ModelSpec, load_pair
+    target, draft = load_pair(ModelConfig(draft=ModelSpec(kind="truncated", num_layers=4)), device="cpu")
 
-Weights are read as safetensors (`use_safetensors=True`) or GGUF, never pickles; remote code runs only
-when a spec sets `trust_remote_code`. Draft kinds that derive from the loaded target:
+What to load is the Hydra group's own classes (models/config.py); where (the device) comes from the
+runtime, so `load_model` takes it, and the pair-level model.dtype and model.trust_remote_code, as
+arguments. Weights are read as safetensors (`use_safetensors=True`) or GGUF, never pickles; remote
+code runs only when asked for. Draft kinds that derive from the loaded target:
 - "truncated": the target's first `num_layers` decoder layers with its embeddings, final norm and LM
   head, sharing their weights (no copy, no training; a weak but exact-vocabulary draft);
 - "distilled": `distributed_spec.models.distilled.load_distilled_draft(source, target_model)`.
-Draft and target must share a vocabulary: `check_shared_vocabulary` compares tokenizer vocabularies
-(when both have a tokenizer) and logit widths (config.vocab_size), and names both models when they differ.
+`load_pair` checks the loaded pair with models.pair.check_pair (tokenizer vocabularies, logit widths,
+model.max_context_len), which names both models when they differ.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from distributed_spec.models.config import MODEL_KINDS, ModelConfig, ModelSpec
 from distributed_spec.models.fetch import cache_dir, hub_snapshot, smollm2_gguf_path
+from distributed_spec.models.pair import ModelFacts, check_pair
 
 logger = logging.getLogger(__name__)
 
-MODEL_KINDS = ("auto", "smollm2", "hub", "dir", "gguf", "truncated", "distilled")
-DTYPES = {
+# model.dtype names (float64 too, for the scripts' exactness checks).
+TORCH_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -42,51 +46,13 @@ DTYPES = {
 }
 
 
-@dataclass
-class ModelSpec:
-    """Where a model comes from and how it is placed; validated on construction."""
-
-    # "smollm2" (the embedded default), a hub id, a local directory, a .gguf path, or, for
-    # kind="distilled", the distilled checkpoint directory. Ignored by kind="truncated".
-    source: str = "smollm2"
-    # How to read `source`; "auto" infers smollm2 / gguf / dir / hub from it.
-    kind: str = "auto"
-    # "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16", "float16" or "float64".
-    dtype: str = "auto"
-    # torch device string: "cpu", "cuda", "cuda:1", ...
-    device: str = "cpu"
-    # kind="truncated": how many of the target's first decoder layers the draft keeps.
-    num_layers: int | None = None
-    # Run model code shipped with a hub repository (off unless asked for).
-    trust_remote_code: bool = False
-    # Hub revision (branch, tag or commit); None means the default branch.
-    revision: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"model dtype must be 'auto' or one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if self.kind == "truncated" and (self.num_layers is None or self.num_layers < 1):
-            raise ValueError(f"model kind 'truncated' needs num_layers >= 1, got {self.num_layers}")
-
-    @property
-    def resolved_kind(self) -> str:
-        if self.kind != "auto":
-            return self.kind
-        if self.source == "smollm2":
-            return "smollm2"
-        if self.source.endswith(".gguf"):
-            return "gguf"
-        if Path(self.source).is_dir():
-            return "dir"
-        return "hub"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype != "auto":
-            return DTYPES[self.dtype]
-        return torch.bfloat16 if torch.device(self.device).type == "cuda" else torch.float32
+def torch_dtype(dtype: str, device: str) -> torch.dtype:
+    """model.dtype as a torch dtype on `device`: "auto" is float32 on the CPU, bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"model dtype must be 'auto' or one of {tuple(TORCH_DTYPES)}, got {dtype!r}")
+    return TORCH_DTYPES[dtype]
 
 
 @dataclass
@@ -98,26 +64,45 @@ class LoadedModel:
     name: str
     spec: ModelSpec
 
+    @property
+    def facts(self) -> ModelFacts:
+        """What check_pair needs of this model: logit width, tokenizer vocabulary, context."""
+        return ModelFacts.of_model(self.model, self.name, self.tokenizer)
 
-def load_model(spec: ModelSpec, target: LoadedModel | None = None, role: str = "model") -> LoadedModel:
-    """Load one model; `target` is required for the draft kinds "truncated" and "distilled"."""
+
+def load_model(
+    spec: ModelSpec,
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    target: LoadedModel | None = None,
+    role: str = "model",
+) -> LoadedModel:
+    """Load one model on `device` as `dtype` (model.dtype); `target` is required for the draft kinds
+    "truncated" and "distilled"."""
+    if spec.kind not in MODEL_KINDS:
+        raise ValueError(f"{role} kind must be one of {MODEL_KINDS}, got {spec.kind!r}")
     kind = spec.resolved_kind
+    weights_dtype = torch_dtype(dtype, device)
     if kind in ("truncated", "distilled"):
         if target is None:
             raise ValueError(f"{role} kind {kind!r} derives from the target: load the target first")
         # The derived draft shares modules with the target: moving or casting it would move the target.
         target_param = next(target.model.parameters())
-        explicit_dtype = spec.dtype != "auto" and spec.torch_dtype != target_param.dtype
-        if explicit_dtype or torch.device(spec.device).type != target_param.device.type:
+        explicit_dtype = dtype != "auto" and weights_dtype != target_param.dtype
+        if explicit_dtype or torch.device(device).type != target_param.device.type:
             raise ValueError(
                 f"{role} kind {kind!r} runs on the target's device and dtype ({target_param.device}, "
-                f"{target_param.dtype}): set {role}.device and {role}.dtype to match the target, or leave dtype 'auto'"
+                f"{target_param.dtype}): load it with the target's device and model.dtype, or model.dtype auto"
             )
         if kind == "truncated":
+            if spec.num_layers is None or spec.num_layers < 1:
+                raise ValueError(f"{role} kind 'truncated' needs num_layers >= 1, got {spec.num_layers}")
             model = truncated_draft(target.model, spec.num_layers)
             name = f"{target.name}[:{spec.num_layers} layers]"
         else:
-            # Imported lazily: distilled.py is optional and pulls in the distillation code.
+            # Imported lazily: distilled.py pulls in the distillation code.
             from distributed_spec.models.distilled import load_distilled_draft
 
             model = load_distilled_draft(spec.source, target.model)
@@ -139,21 +124,19 @@ def load_model(spec: ModelSpec, target: LoadedModel | None = None, role: str = "
         location, extra, name = spec.source, {"use_safetensors": True}, spec.source
         if spec.revision is not None:
             extra["revision"] = spec.revision
-    logger.info("loading %s %s (%s) as %s on %s", role, name, kind, spec.torch_dtype, spec.device)
+    logger.info("loading %s %s (%s) as %s on %s", role, name, kind, weights_dtype, device)
     model = AutoModelForCausalLM.from_pretrained(
-        location, dtype=spec.torch_dtype, trust_remote_code=spec.trust_remote_code, **extra
+        location, dtype=weights_dtype, trust_remote_code=trust_remote_code, **extra
     )
     tokenizer_extra = {key: value for key, value in extra.items() if key != "use_safetensors"}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            location, trust_remote_code=spec.trust_remote_code, **tokenizer_extra
-        )
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code, **tokenizer_extra)
     except (OSError, ValueError) as error:
         logger.warning(
             "%s %s has no loadable tokenizer (%s); vocabulary checks use sizes only", role, name, error
         )
         tokenizer = None
-    return LoadedModel(model=model.to(spec.device).eval(), tokenizer=tokenizer, name=name, spec=spec)
+    return LoadedModel(model=model.to(device).eval(), tokenizer=tokenizer, name=name, spec=spec)
 
 
 def smollm2_converted_dir() -> Path:
@@ -264,43 +247,21 @@ def _drop_gguf_quantization_config(model_dir: Path) -> None:
     os.replace(staging, config_path)
 
 
-def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec) -> tuple[LoadedModel, LoadedModel]:
-    """Load the target, then the draft (which may derive from it), and check their vocabularies match."""
-    target = load_model(target_spec, role="target")
-    draft = load_model(draft_spec, target=target, role="draft")
-    check_shared_vocabulary(target, draft)
+def load_pair(model: ModelConfig, device: str = "cpu") -> tuple[LoadedModel, LoadedModel]:
+    """Load the target, then the draft (which may derive from it), on `device`, and check the pair
+    (check_pair: shared vocabulary, model.max_context_len)."""
+    options = {"device": device, "dtype": model.dtype, "trust_remote_code": model.trust_remote_code}
+    target = load_model(model.target, role="target", **options)
+    draft = load_model(model.draft, target=target, role="draft", **options)
+    check_pair(target.facts, draft_facts(target, draft), model.max_context_len)
     return target, draft
 
 
-def _output_vocab_size(model: PreTrainedModel) -> int:
-    """Width of the model's logits (a sub-vocabulary draft head still returns config.vocab_size logits)."""
-    return int(model.config.vocab_size)
-
-
-def check_shared_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """Raise ValueError, naming both models, unless draft and target share token ids and logit width."""
-    problem = None
-    target_size, draft_size = _output_vocab_size(target.model), _output_vocab_size(draft.model)
-    if target_size != draft_size:
-        problem = f"vocabulary sizes (config.vocab_size) differ ({target_size} vs {draft_size})"
-    elif (
-        target.tokenizer is not None
-        and draft.tokenizer is not None
-        and target.tokenizer is not draft.tokenizer
-    ):
-        target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-        if target_vocab != draft_vocab:
-            differing = sorted(set(target_vocab.items()) ^ set(draft_vocab.items()))[:3]
-            problem = (
-                f"tokenizer vocabularies differ ({len(target_vocab)} vs {len(draft_vocab)} tokens; "
-                f"e.g. {differing})"
-            )
-    if problem is not None:
-        raise ValueError(
-            f"draft {draft.name!r} and target {target.name!r} do not share a vocabulary: {problem}. "
-            "Speculative decoding compares their probabilities token by token: pick a draft "
-            "trained with the target's tokenizer (draft.source)"
-        )
+def draft_facts(target: LoadedModel, draft: LoadedModel) -> ModelFacts:
+    """The draft's facts for check_pair; a draft holding the target's own tokenizer (a derived draft)
+    has no vocabulary of its own to compare."""
+    own_tokenizer = None if draft.tokenizer is target.tokenizer else draft.tokenizer
+    return ModelFacts.of_model(draft.model, draft.name, own_tokenizer)
 
 
 def truncated_draft(target_model: PreTrainedModel, num_layers: int) -> PreTrainedModel:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distributed_spec.config import ModelConfig
-from distributed_spec.models.loading import ModelSpec
+from distributed_spec.models.config import ModelConfig
 
 
 def eos_ids(tokenizer, model) -> tuple[int, ...]:
@@ -24,10 +23,11 @@ def eos_ids(tokenizer, model) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def load_generation_config(model: ModelConfig, target_spec: ModelSpec):
+def load_generation_config(model: ModelConfig):
     """The target's generation config (its EOS ids) without loading weights, or None if it has none."""
     from transformers import GenerationConfig
 
+    target_spec = model.target
     if target_spec.resolved_kind not in ("hub", "dir", "auto"):
         return None
     extra = {"revision": target_spec.revision} if target_spec.revision is not None else {}
@@ -46,12 +46,13 @@ class GenerationConfigHolder:
         self.generation_config = generation_config
 
 
-def load_tokenizer(model: ModelConfig, target_spec: ModelSpec):
+def load_tokenizer(model: ModelConfig):
     """The pair's tokenizer without loading weights: model.tokenizer, else the target's."""
     from transformers import AutoTokenizer
 
     from distributed_spec.models.fetch import smollm2_gguf_path
 
+    target_spec = model.target
     extra: dict[str, str] = {}
     if model.tokenizer is not None:
         location = model.tokenizer

@@ -33,7 +33,7 @@ from distributed_spec.distributed.placement import (
 )
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
-from distributed_spec.models import ModelSpec
+from distributed_spec.models import ModelSpec, torch_dtype
 from distributed_spec.plan import compose_job, main, plan_text
 from tests.distributed.conftest import ray_config
 
@@ -77,10 +77,10 @@ def test_a_cpu_draft_takes_no_gpu():
 
 
 def test_a_draft_sent_to_the_cpu_builds_there_with_its_target():
-    target = ModelSpec("smollm2", device="cuda")
-    factory = SpecFactory(ModelSpec(kind="truncated", num_layers=2, device="cuda"), target).on_device("cpu")
-    assert factory.spec.device == factory.target_spec.device == "cpu"
-    assert factory.spec.torch_dtype == torch.float32  # dtype auto follows the device
+    factory = SpecFactory(ModelSpec(kind="truncated", num_layers=2), ModelSpec("smollm2"), device="cuda")
+    factory = factory.on_device("cpu")
+    assert factory.device == "cpu" and factory.target_spec == ModelSpec("smollm2")  # the target loads there too
+    assert factory.checkpoint() is None and torch_dtype(factory.dtype, factory.device) == torch.float32
 
 
 def test_a_cpu_runtime_keeps_one_bundle_per_actor():

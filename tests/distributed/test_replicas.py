@@ -22,7 +22,7 @@ from distributed_spec.config import (
     DataConfig,
     JobConfig,
     ModelConfig,
-    ModelSourceConfig,
+    ModelSpec,
     ParallelConfig,
     SamplingConfig,
     TrackingConfig,
@@ -66,7 +66,7 @@ def make_job(workdir, out: Path, num_replicas=1, temperature: float = 1.0, **par
     root, target, draft = workdir
     return JobConfig(
         model=ModelConfig(
-            name="tiny", target=ModelSourceConfig(str(target), "dir"), draft=ModelSourceConfig(str(draft), "dir")
+            name="tiny", target=ModelSpec(str(target), "dir"), draft=ModelSpec(str(draft), "dir")
         ),
         parallel=ParallelConfig(
             runtime="ray",

@@ -18,6 +18,7 @@ import ray
 import torch
 from ray.util.placement_group import placement_group_table
 
+from distributed_spec.config import ConfigError
 from distributed_spec.distributed import GroupFailure, RayCoordinator
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
@@ -304,6 +305,25 @@ def test_too_many_failures_raise(tp2):
     finally:
         tp2.on_iteration = None
         tp2.runtime = RUNTIME
+
+
+def test_a_pair_the_actors_cannot_decode_is_refused_at_launch_naming_the_keys(ray_cluster):
+    """The group checks what the actors loaded with models.check_pair, as the engine does."""
+    runtime = replace(RUNTIME, tp_size=1)
+    for draft, max_context_len, message in (
+        (replace(DRAFT, vocab_size=48), None, r"vocabulary size 48 but target .* has 64.*model\.draft\.source"),
+        (DRAFT, 300, r"model\.max_context_len=300 exceeds the 256 positions"),
+    ):
+        coordinator = RayCoordinator(TARGET, draft, GREEDY, runtime, max_context_len=max_context_len)
+        with pytest.raises(ConfigError, match=message):
+            coordinator.start()
+        assert coordinator.actors is None
+        coordinator.close()
+    coordinator = RayCoordinator(TARGET, DRAFT, GREEDY, runtime, max_context_len=100)
+    try:
+        assert coordinator.max_context == 100
+    finally:
+        coordinator.close()
 
 
 def test_a_load_past_its_timeout_says_which_setting_and_leaves_nothing(ray_cluster):

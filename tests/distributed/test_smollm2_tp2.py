@@ -13,14 +13,13 @@ from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
-from distributed_spec.models import ModelSpec, load_pair
+from distributed_spec.models import ModelConfig, ModelSpec, load_pair
 from distributed_spec.models.distilled import DISTILLED_SMOLLM2_DRAFT_DIR
 from tests.distributed.conftest import ray_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
-TARGET_SPEC = ModelSpec("smollm2")
-DRAFT_SPEC = ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled")
+PAIR = ModelConfig(target=ModelSpec("smollm2"), draft=ModelSpec(str(DISTILLED_SMOLLM2_DRAFT_DIR), kind="distilled"))
 GREEDY = EngineConfig(
     verifier=VerifierConfig(method="block", num_draft_tokens=4),
     sampling=SamplingConfig(temperature=0.0, max_new_tokens=16),
@@ -28,7 +27,7 @@ GREEDY = EngineConfig(
 
 
 def test_smollm2_tp2_greedy_equals_single_process_engine():
-    target, draft = load_pair(TARGET_SPEC, DRAFT_SPEC)
+    target, draft = load_pair(PAIR)
     prompts = [
         target.tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -42,7 +41,7 @@ def test_smollm2_tp2_greedy_equals_single_process_engine():
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         runtime = ray_config(tp_size=2, num_cpus_per_shard=1.0, num_cpus_draft=1.0)
-        with RayCoordinator(SpecFactory(TARGET_SPEC), SpecFactory(DRAFT_SPEC, TARGET_SPEC), GREEDY, runtime) as tp2:
+        with RayCoordinator(*SpecFactory.for_pair(PAIR, "cpu"), GREEDY, runtime) as tp2:
             actual, actual_stats = tp2.generate_with_stats(prompts)
     finally:
         ray.shutdown()

@@ -13,7 +13,7 @@ import pytest
 
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
-from distributed_spec.models import ModelSpec, load_pair
+from distributed_spec.models import ModelConfig, ModelSpec, load_pair
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ MAX_NEW_TOKENS = 16
 
 
 def test_greedy_speculative_equals_autoregressive_on_smollm2():
-    target, draft = load_pair(ModelSpec("smollm2"), ModelSpec(kind="truncated", num_layers=4))
+    target, draft = load_pair(ModelConfig(target=ModelSpec("smollm2"), draft=ModelSpec(kind="truncated", num_layers=4)))
     tokenizer = target.tokenizer
     prompts = [
         tokenizer.apply_chat_template(

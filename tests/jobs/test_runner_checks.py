@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSourceConfig, ParallelConfig
+from distributed_spec.config import ConfigError, JobConfig, ModelConfig, ModelSpec, ParallelConfig
 from distributed_spec.jobs import runner
-from distributed_spec.jobs.generator import check_vocab_sizes
 from distributed_spec.jobs.runner import check_runtime_available
+from distributed_spec.models.pair import check_declared_pair
 
 
 def _model_dir(path, vocab_size):
@@ -22,21 +22,21 @@ def _model_dir(path, vocab_size):
 def _pair(target, draft) -> ModelConfig:
     return ModelConfig(
         name="pair",
-        target=ModelSourceConfig(source=target, kind="dir"),
-        draft=ModelSourceConfig(source=draft, kind="dir"),
+        target=ModelSpec(source=target, kind="dir"),
+        draft=ModelSpec(source=draft, kind="dir"),
     )
 
 
 def test_vocabulary_mismatch_fails_before_loading(tmp_path):
     model = _pair(_model_dir(tmp_path / "t", 64), _model_dir(tmp_path / "d", 80))
-    with pytest.raises(ConfigError, match=r"model\.draft\.source=.* 80 tokens .* has 64"):
-        check_vocab_sizes(model)
+    with pytest.raises(ConfigError, match=r"model\.draft\.source has vocabulary size 80 but .* has 64"):
+        check_declared_pair(model)
 
 
 def test_matching_or_unknown_vocabularies_pass(tmp_path):
-    check_vocab_sizes(_pair(_model_dir(tmp_path / "t", 64), _model_dir(tmp_path / "d", 64)))
+    check_declared_pair(_pair(_model_dir(tmp_path / "t", 64), _model_dir(tmp_path / "d", 64)))
     # Derived drafts and GGUF targets are checked by the loader after loading.
-    check_vocab_sizes(ModelConfig())
+    check_declared_pair(ModelConfig())
 
 
 def test_missing_ray_runtime_fails_with_not_available_yet(monkeypatch):

@@ -53,7 +53,7 @@ def test_hub_model_is_downloaded_once_then_read_from_the_cache(fake_hub):
 
 def test_spec_factory_fetches_then_hands_the_shards_a_local_checkpoint(fake_hub):
     snapshot, calls = fake_hub
-    factory = SpecFactory(ModelSpec("org/tiny", dtype="bfloat16"))
+    factory = SpecFactory(ModelSpec("org/tiny"), dtype="bfloat16")
     factory.fetch()
     checkpoint = factory.checkpoint()
     assert checkpoint.directory == snapshot and checkpoint.dtype == torch.bfloat16

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -12,11 +13,15 @@ import types
 import pytest
 import torch
 
+from distributed_spec.errors import ConfigError
 from distributed_spec.models import (
     LoadedModel,
+    ModelConfig,
     ModelSpec,
-    check_shared_vocabulary,
+    check_pair,
     load_model,
+    load_pair,
+    torch_dtype,
     truncated_draft,
 )
 from distributed_spec.models.tiny import tiny_llama, tiny_tokenizer
@@ -39,6 +44,17 @@ def test_local_directory_round_trip(tmp_path):
         torch.testing.assert_close(loaded.model(input_ids).logits, model(input_ids).logits)
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("abc")) == "abc"
     assert next(loaded.model.parameters()).dtype == torch.float32
+
+
+def test_load_pair_loads_and_checks_the_configured_pair(tmp_path):
+    tiny_llama(vocab_size=40, num_layers=2, seed=3).save_pretrained(tmp_path, safe_serialization=True)
+    tiny_tokenizer(40).save_pretrained(tmp_path)
+    model = ModelConfig(target=ModelSpec(str(tmp_path), "dir"), draft=ModelSpec(kind="truncated", num_layers=1))
+    target, draft = load_pair(model, device="cpu")
+    assert draft.name == f"{tmp_path}[:1 layers]" and draft.model.model.embed_tokens is target.model.model.embed_tokens
+    assert next(draft.model.parameters()).dtype == torch.float32
+    with pytest.raises(ConfigError, match=r"model\.max_context_len=300 exceeds the 256 positions"):
+        load_pair(dataclasses.replace(model, max_context_len=300))
 
 
 def test_directory_without_safetensors_is_refused(tmp_path):
@@ -70,8 +86,8 @@ def test_truncated_spec_derives_from_the_target():
     assert draft.name == "tiny[:1 layers]" and len(draft.model.model.layers) == 1
     with pytest.raises(ValueError, match="load the target first"):
         load_model(ModelSpec(kind="truncated", num_layers=1), role="draft")
-    with pytest.raises(ValueError, match="draft.dtype"):
-        load_model(ModelSpec(kind="truncated", num_layers=1, dtype="bfloat16"), target=target, role="draft")
+    with pytest.raises(ValueError, match=r"model\.dtype"):
+        load_model(ModelSpec(kind="truncated", num_layers=1), dtype="bfloat16", target=target, role="draft")
 
 
 def test_distilled_kind_calls_the_distillation_loader(monkeypatch):
@@ -94,7 +110,7 @@ def test_distilled_kind_calls_the_distillation_loader(monkeypatch):
 def test_vocabulary_mismatch_names_both_models():
     target = _loaded(tiny_llama(vocab_size=32), name="big-target")
     with pytest.raises(ValueError, match="draft 'small-draft' and target 'big-target'.*32 vs 40"):
-        check_shared_vocabulary(target, _loaded(tiny_llama(vocab_size=40), name="small-draft"))
+        check_pair(target.facts, _loaded(tiny_llama(vocab_size=40), name="small-draft").facts, None)
 
 
 def test_tokenizer_mismatch_of_equal_size_is_caught():
@@ -104,8 +120,8 @@ def test_tokenizer_mismatch_of_equal_size_is_caught():
     target = _loaded(tiny_llama(vocab_size=48), tokenizer, name="t")
     draft = _loaded(tiny_llama(vocab_size=48, seed=1), swapped, name="d")
     with pytest.raises(ValueError, match="tokenizer vocabularies differ"):
-        check_shared_vocabulary(target, draft)
-    check_shared_vocabulary(target, _loaded(tiny_llama(vocab_size=48, seed=2), tiny_tokenizer(40), name="d2"))
+        check_pair(target.facts, draft.facts, None)
+    check_pair(target.facts, _loaded(tiny_llama(vocab_size=48, seed=2), tiny_tokenizer(40), name="d2").facts, None)
 
 
 def test_spec_validation_and_resolution(tmp_path):
@@ -113,15 +129,15 @@ def test_spec_validation_and_resolution(tmp_path):
     assert ModelSpec("some/model.gguf").resolved_kind == "gguf"
     assert ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct").resolved_kind == "hub"
     assert ModelSpec(str(tmp_path)).resolved_kind == "dir"
-    assert ModelSpec(device="cpu").torch_dtype == torch.float32
-    assert ModelSpec(device="cuda").torch_dtype == torch.bfloat16
-    assert ModelSpec(dtype="float16", device="cuda").torch_dtype == torch.float16
+    assert torch_dtype("auto", "cpu") == torch.float32
+    assert torch_dtype("auto", "cuda") == torch.bfloat16
+    assert torch_dtype("float16", "cuda") == torch.float16
     with pytest.raises(ValueError, match="model kind"):
-        ModelSpec(kind="pickle")
+        load_model(ModelSpec(kind="pickle"))
     with pytest.raises(ValueError, match="model dtype"):
-        ModelSpec(dtype="int8")
+        torch_dtype("int8", "cpu")
     with pytest.raises(ValueError, match="num_layers"):
-        ModelSpec(kind="truncated")
+        load_model(ModelSpec(kind="truncated"), target=_loaded(tiny_llama(vocab_size=32)), role="draft")
     with pytest.raises(ValueError, match="not a GGUF file"):
         load_model(ModelSpec(str(tmp_path / "missing.gguf")), role="target")
 
