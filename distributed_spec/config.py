@@ -29,6 +29,10 @@ MULTIPATH_METHODS = ("block", "greedy")
 RUNTIMES = ("local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
+# parallel.verify: where the target shard group verifies (mirrors distributed_spec.distributed.config.
+# VERIFY_MODES; a test checks). `gather`: full logits on every rank, rank 0 verifies; `vocab_parallel`:
+# each rank scores and verifies its vocabulary slice (docs/design.md section 4).
+VERIFY_MODES = ("gather", "vocab_parallel")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WANDB_MODES = ("online", "offline", "disabled")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -169,6 +173,9 @@ class ParallelConfig:
     wire_top_k: int = 0
     # Draft the next block while the shards verify the current one.
     overlap: bool = False
+    # How the shard group verifies: `gather` (full logits per rank, rank 0 verifies) or
+    # `vocab_parallel` (each rank its vocabulary slice of the LM head and of q; parallel=ray only).
+    verify: str = "gather"
     # Seconds a load may take, seconds one iteration may take, and rebuilds of a dead shard group.
     load_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
@@ -209,6 +216,15 @@ class ParallelConfig:
         _require(
             self.num_replicas == "auto" or (type(self.num_replicas) is int and self.num_replicas >= 1),
             f"parallel.num_replicas must be an integer >= 1 or auto, got {self.num_replicas!r}",
+        )
+        _require(
+            self.verify in VERIFY_MODES,
+            f"parallel.verify={self.verify!r} is unknown; choose one of {VERIFY_MODES}",
+        )
+        _require(
+            self.runtime == "ray" or self.verify == "gather",
+            f"parallel.verify={self.verify} shards the vocabulary over target processes, and "
+            "parallel.runtime=local runs one; set parallel=ray (or parallel.verify=gather)",
         )
         _require(
             self.runtime == "ray" or self.num_replicas == 1,

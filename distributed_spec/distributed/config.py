@@ -13,6 +13,10 @@ PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # "auto": decided from the Ray cluster's resources at launch (placement.resolve_device).
 DEVICE_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "auto": ("auto", "gloo", "nccl")}
 DRAFT_DEVICES = ("auto", "cpu")
+# parallel.verify: `gather` computes the full target logits on every rank and verifies on rank 0;
+# `vocab_parallel` computes each rank's vocabulary slice only and verifies inside the group
+# (verify_parallel/, docs/design.md section 4). Mirrored by distributed_spec.config.VERIFY_MODES.
+VERIFY_MODES = ("gather", "vocab_parallel")
 
 
 @dataclass
@@ -48,6 +52,9 @@ class RayRuntimeConfig:
     # Draft the next block while the shards verify the current one (kept only when the whole block
     # is accepted and the bonus token equals the draft's guess for it).
     overlap: bool = False
+    # How the shard group verifies (VERIFY_MODES). Per-batch setting: sent with every `begin`.
+    # (Mirrors ParallelConfig.verify field by field until the two configs are merged.)
+    verify: str = "gather"
     # Seconds a load call, or a batch's first iteration (it also processes the prompts), may take
     # (a load includes the one-time JIT build of the CPU all-reduce).
     load_timeout_s: float = 600.0
@@ -96,6 +103,8 @@ class RayRuntimeConfig:
             raise ValueError(f"parallel.wire_dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
         if self.wire_top_k < 0:
             raise ValueError(f"parallel.wire_top_k must be >= 0 (0 = dense), got {self.wire_top_k}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"parallel.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         if self.num_cpus_per_shard <= 0 or self.num_cpus_draft <= 0:
             raise ValueError("parallel.num_cpus_per_shard and parallel.num_cpus_draft must be > 0")
         if self.step_timeout_s <= 0 or self.load_timeout_s <= 0:

@@ -20,6 +20,9 @@ class DecodeSettings:
     wire: WireFormat
     # The draft's confidence stop (EngineConfig.draft_confidence_threshold; 0: off).
     draft_confidence_threshold: float = 0.0
+    # parallel.verify: "gather" (rank 0 verifies the full logits) or "vocab_parallel" (every rank
+    # scores and verifies its vocabulary slice; wire.vocab_shards then cuts q alike).
+    verify: str = "gather"
 
 
 @dataclass
