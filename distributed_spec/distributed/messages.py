@@ -89,7 +89,8 @@ class StepResult:
     # Copied from the draft block: seconds the draft spent on it, and whether it was drafted ahead.
     draft_s: float = 0.0
     from_overlap: bool = False
-    # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only).
+    # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only); with
+    # parallel.verify=vocab_parallel, of every shard's block together (each holds its slice of q).
     num_wire_bytes: int = 0
     # The draft's forward calls so far (cumulative, from the block) and the target's (rank 0).
     num_draft_calls: int = 0
