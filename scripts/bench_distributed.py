@@ -3,12 +3,14 @@
     .venv/bin/python -m scripts.bench_distributed                       # B in {1, 8}, 32 new tokens, g = 4
     .venv/bin/python -m scripts.bench_distributed --batch-sizes 8 --max-new-tokens 16 --temperature 1
     .venv/bin/python -m scripts.bench_distributed --bytes-only   # q bytes per iteration, V = 128,256, B in {8, 64}
+    .venv/bin/python -m scripts.bench_distributed --tp-sizes 2 --verify gather vocab_parallel   # both modes
 
 Target: the embedded SmolLM2-135M-Instruct. Draft (--draft auto): the bundled distilled draft when it
 exists, else the target's first --num-layers layers (untrained: low acceptance, but the same shapes
 on the wire). Every setup decodes the same prompts with the same settings after a warm-up call.
 Ray setups: TP = 1 and TP = 2 target shard groups, each with draft probabilities sent as float32,
-bfloat16, and bfloat16 with the next block drafted during verification (overlap).
+bfloat16, and bfloat16 with the next block drafted during verification (overlap); with --verify
+vocab_parallel, TP > 1 groups also run parallel.verify=vocab_parallel (float32 and bfloat16 q).
 
 Columns: tokens/s; ms per iteration (one target call); its split into draft (forwards and sampling
 on the critical path), transfer (serialisation, object store, scheduling: what is left), target
@@ -18,7 +20,8 @@ iteration; blocks drafted ahead that were used; whether the tokens equal the eng
 
 --bytes-only runs nothing: it computes from the wire encodings (wire.block_wire_bytes) the bytes of
 the draft block each iteration sends to shard rank 0 (ids + q) and to every other shard (ids only),
-for --vocab-sizes x --batch-sizes at g = --g.
+for --vocab-sizes x --batch-sizes at g = --g; with --verify naming both modes, a second table
+compares what one iteration moves into and inside a TP = max(--tp-sizes) group under each mode.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import torch
 
 from distributed_spec.config import ParallelConfig
 from distributed_spec.distributed import RayCoordinator
+from distributed_spec.distributed.config import VERIFY_MODES
 from distributed_spec.distributed.factories import SpecFactory
-from distributed_spec.distributed.wire import WireFormat, block_wire_bytes
+from distributed_spec.distributed.wire import WIRE_TORCH_DTYPES, WireFormat, block_wire_bytes
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelConfig
@@ -60,7 +64,7 @@ class Row:
 
 def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size: int) -> tuple[Row, list]:
     config = engine.config
-    engine.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
+    engine.config = replace(config, sampling=replace(config.sampling.params, max_new_tokens=2))
     engine.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     engine.config = config
     results, stats = engine.generate_with_stats(prompts[:batch_size])
@@ -86,7 +90,7 @@ def bench_ray(
 ) -> Row:
     coordinator.runtime = runtime
     config = coordinator.config
-    coordinator.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
+    coordinator.config = replace(config, sampling=replace(config.sampling.params, max_new_tokens=2))
     coordinator.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     coordinator.config = config
     start = time.perf_counter()
@@ -150,6 +154,71 @@ def bytes_table(vocab_sizes: list[int], batch_sizes: list[int], g: int, top_k: i
     return "\n".join(lines)
 
 
+def verify_bytes(vocab_size: int, batch_size: int, g: int, tp_size: int, wire: WireFormat,
+                 logit_bytes: int, mode: str) -> dict[str, int]:
+    """Bytes one iteration moves under parallel.verify=mode (computed from the shapes, not measured).
+
+    q: the draft block into the group (all shards together); head: what each rank receives in the
+    LM head's all-reduce of the [B, g+1, V] logits (AutoTP's hidden-sharded head; gather only);
+    verify: what each rank receives in verification's own collectives (ring all-reduce: 2 (tp-1)/tp
+    of the tensor, all-gather: tp-1 chunks), the collectives of verify_parallel/vocab_parallel.py.
+    """
+    ids = block_wire_bytes(batch_size, g, vocab_size, WireFormat(send_probs=False))
+    if mode == "gather":
+        head = 2 * (tp_size - 1) * batch_size * (g + 1) * vocab_size * logit_bytes // tp_size
+        q = block_wire_bytes(batch_size, g, vocab_size, wire) + (tp_size - 1) * ids
+        return {"q": q, "head": head, "verify": 2 * (tp_size - 1) * 2 * batch_size * 8 // tp_size}
+    sliced = replace(wire, vocab_shards=tp_size)
+    dense = sliced.send_probs and not 0 < wire.top_k < vocab_size
+    if dense:  # each shard: ids + its slice of q (+ the rows' sums when q is renormalised)
+        value_bytes = torch.empty(0, dtype=WIRE_TORCH_DTYPES[wire.dtype]).element_size()
+        sums = batch_size * g * 4 if wire.dtype != "float32" else 0
+        q = tp_size * (ids + sums) + batch_size * g * vocab_size * value_bytes
+    else:  # top-k or no q: the block goes whole to every shard
+        q = tp_size * block_wire_bytes(batch_size, g, vocab_size, wire)
+    if not wire.send_probs:  # greedy: an all-reduce MAX and MIN of [B, g+1]
+        collectives = 2 * (tp_size - 1) * batch_size * (g + 1) * (4 + 8) // tp_size
+    else:  # statistics [B, 5g+2] float32 and masses [B, 2g+1] float64 all-gathered, Y all-reduced
+        collectives = (tp_size - 1) * batch_size * ((5 * g + 2) * 4 + (2 * g + 1) * 8)
+        collectives += 2 * (tp_size - 1) * batch_size * 8 // tp_size
+    return {"q": q, "head": 0, "verify": collectives}
+
+
+def verify_bytes_table(vocab_sizes: list[int], batch_sizes: list[int], g: int, tp_size: int,
+                       modes: list[str], logit_bytes: int = 2) -> str:
+    """Markdown: bytes per iteration of each parallel.verify mode (bfloat16 q, bfloat16 logits)."""
+    encodings = [("bfloat16 q", WireFormat("bfloat16")), ("greedy (no q)", WireFormat(send_probs=False))]
+    lines = [
+        "| parallel.verify | wire | V | B | g | TP | q into the group | LM-head all-reduce / rank "
+        "| verify collectives / rank | total MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for vocab_size in vocab_sizes:
+        for batch_size in batch_sizes:
+            for label, wire in encodings:
+                for mode in modes:
+                    moved = verify_bytes(vocab_size, batch_size, g, tp_size, wire, logit_bytes, mode)
+                    total = moved["q"] + tp_size * (moved["head"] + moved["verify"])
+                    lines.append(
+                        f"| {mode} | {label} | {vocab_size:,} | {batch_size} | {g} | {tp_size} | {moved['q']:,} "
+                        f"| {moved['head']:,} | {moved['verify']:,} | {total / 1e6:.2f} |"
+                    )
+    return "\n".join(lines)
+
+
+def ray_variants(runtime: ParallelConfig, verify_modes: list[str]) -> list[tuple[str, ParallelConfig]]:
+    """The Ray setups of one TP size: each wire variant per verification mode (vocab_parallel: TP > 1)."""
+    variants = []
+    if "gather" in verify_modes:
+        variants += [("float32 q", runtime), ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
+                     ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True))]
+    if "vocab_parallel" in verify_modes and runtime.tp_size > 1:
+        vocab = replace(runtime, verify="vocab_parallel")
+        variants += [("float32 q, vocab_parallel", vocab),
+                     ("bfloat16 q, vocab_parallel", replace(vocab, wire_dtype="bfloat16"))]
+    return variants
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -172,9 +241,15 @@ def main() -> None:
     parser.add_argument("--bytes-only", action="store_true", help="print the wire bytes table and exit")
     parser.add_argument("--vocab-sizes", type=int, nargs="+", default=[128_256], help="--bytes-only")
     parser.add_argument("--top-k", type=int, default=64, help="--bytes-only: the top-k encoding's k")
+    parser.add_argument("--verify", nargs="+", default=["gather"], choices=list(VERIFY_MODES),
+                        help="parallel.verify modes to run (vocab_parallel: TP > 1 only)")
     args = parser.parse_args()
     if args.bytes_only:
         print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.g, args.top_k))
+        if len(args.verify) > 1:
+            print()
+            print(verify_bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.g,
+                                     max(max(args.tp_sizes), 2), args.verify))
         return
     args.batch_sizes = args.batch_sizes or [1, 8]
     logging.basicConfig(level=logging.WARNING)
@@ -211,11 +286,7 @@ def main() -> None:
                 runtime="ray", device="cpu", backend="gloo", tp_size=tp_size, num_cpus_per_shard=args.num_cpus / tp_size, num_cpus_draft=args.num_cpus,
                 load_timeout_s=900, step_timeout_s=300, wire_dtype="float32",
             )
-            variants = [
-                ("float32 q", runtime),
-                ("bfloat16 q", replace(runtime, wire_dtype="bfloat16")),
-                ("bf16 q + overlap", replace(runtime, wire_dtype="bfloat16", overlap=True)),
-            ]
+            variants = ray_variants(runtime, args.verify)
             start = time.perf_counter()
             with RayCoordinator(*SpecFactory.for_pair(pair, "cpu"), config, runtime) as coordinator:
                 print(f"Ray TP = {tp_size} up in {time.perf_counter() - start:.0f} s", flush=True)

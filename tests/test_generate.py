@@ -312,3 +312,15 @@ def test_openai_batch_file_runs_end_to_end(tiny_pair, tmp_path):
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output
     assert (out / "completions.jsonl").read_bytes() == before
+
+
+def test_verify_modes_reach_the_ray_runtime_and_local_refuses_vocab_parallel():
+    from distributed_spec.config import ParallelConfig
+
+    assert _compose(["parallel=ray", "parallel.verify=vocab_parallel"]).parallel.verify == "vocab_parallel"
+    with pytest.raises(ConfigError, match=r"parallel.verify=vocab_parallel .*parallel=ray"):
+        _compose(["parallel.verify=vocab_parallel"])
+    with pytest.raises(ConfigError, match="parallel.verify"):
+        _compose(["parallel=ray", "parallel.verify=scatter"])
+    with pytest.raises(ValueError, match="parallel.verify"):
+        ParallelConfig(runtime="ray", verify="scatter")

@@ -24,6 +24,10 @@ BACKENDS = ("auto", "gloo", "nccl")
 DRAFT_DEVICES = ("auto", "cpu")
 # "auto": bfloat16 on cuda, float32 on the CPU (wire.resolve_wire_dtype).
 WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# parallel.verify: `gather` computes the full target logits on every rank and verifies on rank 0;
+# `vocab_parallel` computes each rank's vocabulary slice only and verifies inside the group
+# (verify_parallel/, docs/design.md section 4).
+VERIFY_MODES = ("gather", "vocab_parallel")
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
 
@@ -81,6 +85,10 @@ class ParallelConfig:
     # Draft the next block while the shards verify the current one (kept only when the whole block
     # is accepted and the bonus token equals the draft's guess for it).
     overlap: bool = False
+    # How the shard group verifies: `gather` (full logits per rank, rank 0 verifies) or
+    # `vocab_parallel` (each rank its vocabulary slice of the LM head and of q; parallel=ray only).
+    # A per-batch setting: it is sent with every `begin`.
+    verify: str = "gather"
     # Seconds a load call, or a batch's first iteration (it also processes the prompts), may take
     # (a load includes the one-time JIT build of the CPU all-reduce).
     load_timeout_s: float = 600.0
@@ -168,6 +176,15 @@ class ParallelConfig:
             "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
         )
         _require(self.max_restarts >= 0, f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
+        _require(
+            self.verify in VERIFY_MODES,
+            f"parallel.verify={self.verify!r} is unknown; choose one of {VERIFY_MODES}",
+        )
+        _require(
+            self.runtime == "ray" or self.verify == "gather",
+            f"parallel.verify={self.verify} shards the vocabulary over target processes, and "
+            "parallel.runtime=local runs one; set parallel=ray (or parallel.verify=gather)",
+        )
 
     # ---- device and backend, resolved once ------------------------------------------------------
 

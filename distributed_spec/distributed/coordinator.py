@@ -55,7 +55,12 @@ from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, RuntimeActors, launch, teardown
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
-from distributed_spec.distributed.wire import WireFormat, point_mass_block, resolve_wire_dtype
+from distributed_spec.distributed.wire import (
+    WireFormat,
+    num_block_outputs,
+    point_mass_block,
+    resolve_wire_dtype,
+)
 from distributed_spec.engine.config import EngineConfig, GenerationResult, RunStats
 from distributed_spec.engine.executor import DecodeOptions, StepOutcome, StepPlan
 from distributed_spec.engine.scheduler import BatchLost, Scheduler
@@ -345,16 +350,17 @@ class RayCoordinator:
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
             )
-            verifier_block, ids_block = draft.step.options(num_returns=2).remote(draft_request)
+            blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
         if model_g == 0:
             # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
             ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.g > 0 else None
             if ngram_ids is None:
                 ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
             verifier_block = point_mass_block(ngram_ids, actors.vocab_size, self._wire)
-            ids_block = verifier_block.without_probs()
+            # Point masses are (value, id) pairs: every shard of a vocabulary-parallel group gets them whole.
+            blocks = [verifier_block] + [verifier_block.without_probs()] * (self._wire.vocab_shards == 0)
         result_refs = [
-            shard.score_and_verify.remote(verifier_block if rank == 0 else ids_block, request)
+            shard.score_and_verify.remote(shard_block(blocks, rank, self._wire), request)
             for rank, shard in enumerate(actors.shards)
         ]
         if draft is not None:
@@ -463,16 +469,27 @@ def _require_one_path(config: EngineConfig) -> None:
         )
 
 
+def shard_block(blocks: list, rank: int, wire: WireFormat):
+    """The block (or its reference) shard `rank` receives from the draft's outputs (num_block_outputs):
+    its vocabulary slice, or the whole block (rank 0) / the ids alone (the others)."""
+    if wire.vocab_shards > 1:
+        return blocks[rank] if len(blocks) > 1 else blocks[0]
+    return blocks[0] if rank == 0 else blocks[1]
+
+
 def decode_settings(config: EngineConfig, runtime: ParallelConfig, device: str) -> DecodeSettings:
     """The per-batch settings every actor receives when a batch starts (`device`: the shards')."""
     # Greedy verification never reads q: nothing but the draft ids needs to travel.
+    vocab_parallel = runtime.verify == "vocab_parallel" and runtime.tp_size > 1
     wire = WireFormat(
         dtype=resolve_wire_dtype(runtime.wire_dtype, device),
         top_k=runtime.wire_top_k,
         send_probs=config.verifier.method != "greedy",
+        vocab_shards=runtime.tp_size if vocab_parallel else 0,
     )
     return DecodeSettings(
         method=config.verifier.method,
         wire=wire,
         draft_confidence_threshold=config.verifier.draft_confidence_threshold,
+        verify=runtime.verify,
     )

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepResult
-from distributed_spec.distributed.wire import DraftBlock, WireFormat, encode_probs, sample_view
+from distributed_spec.distributed.wire import (
+    DraftBlock,
+    WireFormat,
+    encode_probs,
+    num_block_outputs,
+    sample_view,
+)
 from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_mass_probs
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
@@ -125,10 +131,9 @@ class DraftWorker:
         self.result: StepResult | None = None
         self.ahead: _AheadBlock | None = None
 
-    def step(self, request: DraftRequest) -> tuple[DraftBlock | None, DraftBlock | None]:
-        """Apply the last verdict and the row changes; return the next block twice: whole (for shard
-        rank 0, the verifier) and without q (for the other shards). (None, None) when request.g
-        is 0: the step runs without a draft."""
+    def step(self, request: DraftRequest) -> tuple[DraftBlock | None, ...]:
+        """Apply the last verdict and the row changes; return the next block as the shards receive it
+        (`_for_shards`). All None when request.g is 0: the step runs without a draft."""
         start = time.perf_counter()
         discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
         usable = self._apply_result(request)
@@ -140,10 +145,10 @@ class DraftWorker:
         if request.g == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
             self.side.catch_up()
-            return None, None
+            return (None,) * num_block_outputs(self.wire)
         if usable is not None:
             self.draft_ids = usable.draft_ids
-            return usable.block, usable.block.without_probs()
+            return self._for_shards(usable.block)
         draft_ids, values, ids, num_drafted = propose_on_wire(
             self.runner,
             self.side.pending_ids,
@@ -162,6 +167,13 @@ class DraftWorker:
         self.draft_ids = draft_ids
         block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.discarded_ahead_s = discarded_ahead_s
+        return self._for_shards(block)
+
+    def _for_shards(self, block: DraftBlock) -> tuple[DraftBlock, ...]:
+        """Vocabulary-parallel verification: one block per shard with its slice of q. Otherwise the
+        block whole (for rank 0, the verifier) and without q (for the other shards)."""
+        if self.wire.vocab_shards > 1:
+            return tuple(block.vocab_slices(self.wire.vocab_shards))
         return block, block.without_probs()
 
     def _with_ngram_rows(

@@ -20,6 +20,9 @@ class DecodeSettings:
     wire: WireFormat
     # The draft's confidence stop (EngineConfig.draft_confidence_threshold; 0: off).
     draft_confidence_threshold: float = 0.0
+    # parallel.verify: "gather" (rank 0 verifies the full logits) or "vocab_parallel" (every rank
+    # scores and verifies its vocabulary slice; wire.vocab_shards then cuts q alike).
+    verify: str = "gather"
 
 
 @dataclass
@@ -86,7 +89,8 @@ class StepResult:
     # Copied from the draft block: seconds the draft spent on it, and whether it was drafted ahead.
     draft_s: float = 0.0
     from_overlap: bool = False
-    # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only).
+    # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only); with
+    # parallel.verify=vocab_parallel, of every shard's block together (each holds its slice of q).
     num_wire_bytes: int = 0
     # The draft's forward calls so far (cumulative, from the block) and the target's (rank 0).
     num_draft_calls: int = 0

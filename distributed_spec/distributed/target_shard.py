@@ -8,7 +8,7 @@ built whole and cut. After the sharding pass the model is an ordinary module who
 all-reduce inside the group, so the single-process runner drives it unchanged (STYLE.md habits 4
 and 5).
 
-Verbs: `node_id`, `load`, `logits` (tests), `begin`, `score_and_verify`, `shutdown`.
+Verbs: `node_id`, `load`, `logits` and `output_width` (tests), `begin`, `score_and_verify`, `shutdown`.
 
 One step (`score_and_verify`): every rank applies the step's row changes (finished rows leave, new
 rows join with their prompts staged) and scores [Y, X_1..X_g] after each row's next prompt chunk in
@@ -17,6 +17,11 @@ rank 0 alone receives q, decodes it and verifies with the uniforms the scheduler
 broadcasts [accepted_counts, next_tokens] so every rank crops its KV cache identically even if a
 backend's all-reduce ever differed in the last bit between ranks. Full target probabilities never
 leave the group: rank 0 answers with 2B ids and the verified block.
+
+With `parallel.verify=vocab_parallel` (DecodeSettings.verify) the output head is swapped for this
+rank's vocabulary slice (vocab_head.py), so the forward returns [B, g+1, V/tp] logits; each rank
+receives its slice of q and every rank runs verify_parallel's collectives, whose result is the
+same on every rank: no broadcast (docs/design.md section 4).
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ from distributed_spec.distributed.memory import peak_rss_bytes, reset_peak_rss, 
 from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
 from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
 from distributed_spec.distributed.shard_loading import autotp, load_shard, parameter_bytes
-from distributed_spec.distributed.wire import DraftBlock, unpack_probs
+from distributed_spec.distributed.vocab_head import head_vocab_size, use_head, vocab_slice_head
+from distributed_spec.distributed.wire import DraftBlock, unpack_probs, unpack_probs_slice
 from distributed_spec.engine.executor import verify_step
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import TargetSide
 from distributed_spec.models.pair import ModelFacts
+from distributed_spec.verify_parallel import VocabShard
+from distributed_spec.verify_parallel.step import verify_step_vocab_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,11 @@ class TargetShard:
         self.rank = -1
         self.world_size = 1
         self.device = torch.device("cpu")
+        # The output heads: AutoTP's (hidden-sharded, full logits) and, built at the first
+        # vocab_parallel batch, this rank's vocabulary slice; `shard` is then this rank's VocabShard.
+        self.full_head: torch.nn.Module | None = None
+        self.vocab_head: torch.nn.Module | None = None
+        self.shard: VocabShard | None = None
 
     def node_id(self) -> str:
         import ray  # noqa: PLC0415 - the class itself stays importable and testable without Ray
@@ -100,6 +113,7 @@ class TargetShard:
         load_peak_rss = peak_rss_bytes() - rss_before
         self.runner = ModelRunner(self.model, compact_fraction)
         self.side = TargetSide(self.runner)
+        self.full_head = self.model.get_output_embeddings()
         return {
             "facts": ModelFacts.of_model(self.model),
             "parameter_bytes": parameter_bytes(self.model),
@@ -107,8 +121,14 @@ class TargetShard:
         }
 
     def begin(self, settings: DecodeSettings) -> None:
-        """Start a run with an empty batch."""
+        """Start a run with an empty batch, with the output head its verification mode needs."""
         self.method = settings.method
+        self.vocab_parallel = settings.verify == "vocab_parallel"
+        if self.vocab_parallel and self.vocab_head is None:
+            # Every rank begins together, so the head's all-gathers meet here.
+            self.shard = VocabShard(head_vocab_size(self.full_head))
+            self.vocab_head = vocab_slice_head(self.full_head, self.shard)
+        use_head(self.model, self.vocab_head if self.vocab_parallel else self.full_head)
         self.side.reset()
 
     @torch.no_grad()
@@ -124,24 +144,12 @@ class TargetShard:
         if block.num_drafted is not None:
             num_draft_tokens = torch.minimum(num_draft_tokens, block.num_drafted)
         start = time.perf_counter()
-        target_logits = self.side.score(draft_ids, decoding, request.prefill_chunk_tokens)  # [B, g+1, V]
+        # [B, g+1, V], or [B, g+1, V/tp] with the vocabulary-slice head.
+        target_logits = self.side.score(draft_ids, decoding, request.prefill_chunk_tokens)
         self._synchronize()
         scored = time.perf_counter()
-        verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
-        if self.rank == 0:
-            verdict[0], verdict[1] = verify_step(
-                self.method,
-                request.sampling,
-                draft_ids,
-                unpack_probs(block, self.device) if g > 0 else None,
-                target_logits,
-                num_draft_tokens,
-                request.eta,
-                request.u,
-            )
-        if self.world_size > 1:
-            dist.broadcast(verdict, src=0)
-        accepted_counts, next_tokens = verdict[0], verdict[1]
+        verify = self._verify_vocab_parallel if self.vocab_parallel else self._verify_on_rank0
+        accepted_counts, next_tokens = verify(block, request, draft_ids, target_logits, num_draft_tokens)
         self.side.commit(accepted_counts, next_tokens, decoding, g)
         self._synchronize()
         if self.rank != 0:
@@ -156,12 +164,63 @@ class TargetShard:
             verify_s=time.perf_counter() - scored,
             draft_s=block.draft_s,
             from_overlap=block.from_overlap,
-            num_wire_bytes=block.num_wire_bytes,
+            num_wire_bytes=block.group_wire_bytes or block.num_wire_bytes,
             num_draft_calls=block.num_draft_calls,
             num_target_calls=self.runner.num_forward_calls,
             discarded_ahead_s=block.discarded_ahead_s,
             prefill_s=self.runner.prefill_apart_s - prefill_before[0],
             num_prefill_apart_tokens=self.runner.num_prefill_apart_tokens - prefill_before[1],
+        )
+
+    def _verify_on_rank0(
+        self,
+        block: DraftBlock,
+        request: StepRequest,
+        draft_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """parallel.verify=gather: rank 0 verifies the full logits [B, g+1, V] and broadcasts the verdict."""
+        verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
+        if self.rank == 0:
+            verdict[0], verdict[1] = verify_step(
+                self.method,
+                request.sampling,
+                draft_ids,
+                unpack_probs(block, self.device) if draft_ids.shape[1] > 0 else None,
+                target_logits,
+                num_draft_tokens,
+                request.eta,
+                request.u,
+            )
+        if self.world_size > 1:
+            dist.broadcast(verdict, src=0)
+        return verdict[0], verdict[1]
+
+    def _verify_vocab_parallel(
+        self,
+        block: DraftBlock,
+        request: StepRequest,
+        draft_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """parallel.verify=vocab_parallel: every rank verifies its slice [B, g+1, V/tp]; the verdict
+        comes out of the group's collectives identical on every rank, so nothing is broadcast."""
+        shard = self.shard
+        draft_probs = None
+        if draft_ids.shape[1] > 0:
+            draft_probs = unpack_probs_slice(block, shard.vocab_start, shard.vocab_end, self.device)
+        return verify_step_vocab_parallel(
+            self.method,
+            request.sampling,
+            draft_ids,
+            draft_probs,
+            target_logits,
+            num_draft_tokens,
+            request.eta,
+            request.u,
+            shard,
         )
 
     def _synchronize(self) -> None:
@@ -178,8 +237,17 @@ class TargetShard:
         Returns:
             logits: [B, T, V] float32 on the CPU.
         """
-        output = self.model(input_ids=input_ids.to(self.device), use_cache=False)
+        head = self.model.get_output_embeddings()
+        use_head(self.model, self.full_head)  # whole logits, whatever the batch's mode
+        try:
+            output = self.model(input_ids=input_ids.to(self.device), use_cache=False)
+        finally:
+            use_head(self.model, head)
         return output.logits.float().cpu()
+
+    def output_width(self) -> int:
+        """Logits per position the current output head computes: V, or V/tp with vocab_parallel (tests)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
     def shutdown(self) -> None:
         """Leave the group cleanly (a killed shard skips this; the coordinator kills the rest)."""

@@ -18,9 +18,12 @@ object store and the runtime then replays the single-process engine's sampled to
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+
+from distributed_spec.verify_parallel.shards import vocab_shard_range
 
 WIRE_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +44,9 @@ class WireFormat:
     top_k: int = 0
     # False when the verifier ignores q (greedy): nothing is sent.
     send_probs: bool = True
+    # parallel.verify=vocab_parallel with tp_size > 1: a dense q is cut into this many vocabulary
+    # slices, shard k receiving only ids [vocab_shard_range(V, n, k)); 0: rank 0 gets the whole q.
+    vocab_shards: int = 0
 
     @property
     def is_identity(self) -> bool:
@@ -69,6 +75,15 @@ class DraftBlock:
     num_draft_calls: int = 0
     # Seconds spent on a block drafted ahead and then discarded just before this one (overlap miss).
     discarded_ahead_s: float = 0.0
+    # A vocabulary slice of a dense q (`vocab_slices`): probs_values holds ids [vocab_start, vocab_end)
+    # only, and probs_sums [B, g] float32 the whole rows' sums that decode_probs divides by (None:
+    # float32 q, which is not renormalised). vocab_end None: the block holds every id.
+    vocab_start: int = 0
+    vocab_end: int | None = None
+    probs_sums: torch.Tensor | None = None
+    # Bytes of every block sent to the shard group for this step (the sum over vocabulary slices);
+    # 0: only this block's own bytes count (the other shards get the ids alone).
+    group_wire_bytes: int = 0
 
     def without_probs(self) -> DraftBlock:
         """The block as the shards that do not verify receive it: the ids, no q."""
@@ -86,8 +101,34 @@ class DraftBlock:
 
     @property
     def num_wire_bytes(self) -> int:
-        tensors = (self.draft_ids, self.probs_values, self.probs_ids)
+        tensors = (self.draft_ids, self.probs_values, self.probs_ids, self.probs_sums)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def vocab_slices(self, num_shards: int) -> list[DraftBlock]:
+        """One block per shard of a vocabulary-parallel group: shard k gets the ids and its slice of
+        a dense q (plus the rows' sums, so its decode divides by the very numbers decode_probs would).
+        A top-k or absent q is small and sent whole to every shard."""
+        if self.probs_values is None or self.probs_ids is not None:
+            blocks = [self] * num_shards
+        else:
+            sums = None
+            if self.probs_values.dtype != torch.float32:  # decode_probs renormalises only these
+                sums = self.probs_values.float().sum(dim=-1)  # [B, g]
+            blocks = [self._vocab_slice(*vocab_shard_range(self.vocab_size, num_shards, k), sums)
+                      for k in range(num_shards)]
+        total = sum(block.num_wire_bytes for block in blocks)
+        return [dataclasses.replace(block, group_wire_bytes=total) for block in blocks]
+
+    def _vocab_slice(self, start: int, end: int, sums: torch.Tensor | None) -> DraftBlock:
+        # A copy: a view would ship the whole tensor through the object store.
+        values = self.probs_values[..., start:end].clone()
+        return dataclasses.replace(self, probs_values=values, vocab_start=start, vocab_end=end, probs_sums=sums)
+
+
+def num_block_outputs(wire: WireFormat) -> int:
+    """How many blocks the draft returns per step (DraftWorker.step; the coordinator's num_returns):
+    one per vocabulary slice, or the whole block and the ids-only block."""
+    return wire.vocab_shards if wire.vocab_shards > 1 else 2
 
 
 def block_wire_bytes(batch_size: int, g: int, vocab_size: int, wire: WireFormat) -> int:
@@ -159,6 +200,36 @@ def unpack_probs(block: DraftBlock, device: torch.device) -> torch.Tensor | None
         return values
     ids = None if block.probs_ids is None else block.probs_ids.to(device)
     return decode_probs(values, ids, block.vocab_size)
+
+
+def unpack_probs_slice(block: DraftBlock, vocab_start: int, vocab_end: int, device: torch.device) -> torch.Tensor | None:
+    """q's ids [vocab_start, vocab_end) as the verifier reads them (`unpack_probs` of the whole q,
+    sliced, bitwise): [B, g, vocab_end - vocab_start] float32 on `device`, or None when q was not sent.
+
+    Reads a block cut by `vocab_slices` (its slice must be this one), a top-k block (only the ids of
+    this slice are scattered) or a whole dense block.
+    """
+    if block.probs_values is None:
+        return None
+    if block.vocab_end is not None:
+        if (block.vocab_start, block.vocab_end) != (vocab_start, vocab_end):
+            raise ValueError(
+                f"this shard verifies ids [{vocab_start}, {vocab_end}) but received the slice "
+                f"[{block.vocab_start}, {block.vocab_end})"
+            )
+        values = block.probs_values.to(device).float()
+        if block.probs_sums is not None:
+            values = values / block.probs_sums.to(device).unsqueeze(-1)
+        return values
+    if block.probs_ids is None:
+        return unpack_probs(block, device)[..., vocab_start:vocab_end]
+    values = block.probs_values.to(device).float()
+    values = values / values.sum(dim=-1, keepdim=True)
+    ids = block.probs_ids.to(device).long() - vocab_start
+    inside = (ids >= 0) & (ids < vocab_end - vocab_start)
+    dense = torch.zeros(*values.shape[:-1], vocab_end - vocab_start, dtype=torch.float32, device=device)
+    # Ids outside the slice add 0 at a valid index (scatter_add_, so they never overwrite a real one).
+    return dense.scatter_add_(-1, ids.clamp(0, max(vocab_end - vocab_start - 1, 0)), torch.where(inside, values, 0.0))
 
 
 def point_mass_block(ngram_ids: torch.Tensor, vocab_size: int, wire: WireFormat) -> DraftBlock:

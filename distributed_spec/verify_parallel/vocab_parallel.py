@@ -87,21 +87,21 @@ def verify_vocab_parallel(
     """
     if method not in VERIFY_METHODS:
         raise ValueError(f"verifier.method must be one of {VERIFY_METHODS}, got {method!r}")
-    batch_size, gamma = draft_ids.shape
-    if target_logits.shape != (batch_size, gamma + 1, shard.num_ids):
+    batch_size, g = draft_ids.shape
+    if target_logits.shape != (batch_size, g + 1, shard.num_ids):
         raise ValueError(
-            f"target_logits must be this rank's [B, g+1, V/tp] = [{batch_size}, {gamma + 1}, {shard.num_ids}], "
+            f"target_logits must be this rank's [B, g+1, V/tp] = [{batch_size}, {g + 1}, {shard.num_ids}], "
             f"got {tuple(target_logits.shape)}"
         )
     if num_draft_tokens is None:
-        num_draft_tokens = torch.full((batch_size,), gamma, dtype=torch.long, device=draft_ids.device)
+        num_draft_tokens = torch.full((batch_size,), g, dtype=torch.long, device=draft_ids.device)
     if method == "greedy" or params.is_greedy:
         return _verify_greedy_sharded(target_logits, draft_ids, num_draft_tokens, shard)
     if draft_probs is None or uniforms is None:
         raise ValueError(f"verifier.method={method!r} needs draft_probs and uniforms")
-    if draft_probs.shape != (batch_size, gamma, shard.num_ids):
+    if draft_probs.shape != (batch_size, g, shard.num_ids):
         raise ValueError(
-            f"draft_probs must be this rank's [B, g, V/tp] = [{batch_size}, {gamma}, {shard.num_ids}], "
+            f"draft_probs must be this rank's [B, g, V/tp] = [{batch_size}, {g}, {shard.num_ids}], "
             f"got {tuple(draft_probs.shape)}"
         )
     if params.top_p < 1.0:
@@ -116,53 +116,53 @@ def verify_vocab_parallel(
 
     # 1. Local softmax statistics (max m_k and sum of exp(logit - m_k)), the on-path logit and q (where
     # this shard owns the draft token), the draft mass: one all-gather, combined alike on every rank.
-    local_max = logits.amax(dim=-1) if has_ids else logits.new_full((batch_size, gamma + 1), float("-inf"))
+    local_max = logits.amax(dim=-1) if has_ids else logits.new_full((batch_size, g + 1), float("-inf"))
     safe_max = torch.where(local_max == float("-inf"), 0.0, local_max)  # [B, g+1]
     if has_ids:
-        on_path_logits = logits[:, :gamma].gather(-1, local_ids).squeeze(-1)  # [B, g], before exp_
+        on_path_logits = logits[:, :g].gather(-1, local_ids).squeeze(-1)  # [B, g], before exp_
     exps = logits.sub_(safe_max.unsqueeze(-1)).exp_()  # [B, g+1, V/tp]: exp(logit - m_k), in place
-    stats = torch.zeros(batch_size, 5 * gamma + 2, dtype=torch.float32, device=logits.device)
-    stats[:, : gamma + 1] = local_max
-    stats[:, gamma + 1 : 2 * gamma + 2] = exps.sum(dim=-1)
-    stats[:, 2 * gamma + 2 : 3 * gamma + 2] = float("-inf")
+    stats = torch.zeros(batch_size, 5 * g + 2, dtype=torch.float32, device=logits.device)
+    stats[:, : g + 1] = local_max
+    stats[:, g + 1 : 2 * g + 2] = exps.sum(dim=-1)
+    stats[:, 2 * g + 2 : 3 * g + 2] = float("-inf")
     if has_ids:
-        stats[:, 2 * gamma + 2 : 3 * gamma + 2] = torch.where(owned, on_path_logits, float("-inf"))
+        stats[:, 2 * g + 2 : 3 * g + 2] = torch.where(owned, on_path_logits, float("-inf"))
         draft_on_path = draft_probs.gather(-1, local_ids).squeeze(-1).float()
-        stats[:, 3 * gamma + 2 : 4 * gamma + 2] = torch.where(owned, draft_on_path, 0.0)
-        stats[:, 4 * gamma + 2 :] = draft_probs.sum(dim=-1, dtype=torch.float32)
+        stats[:, 3 * g + 2 : 4 * g + 2] = torch.where(owned, draft_on_path, 0.0)
+        stats[:, 4 * g + 2 :] = draft_probs.sum(dim=-1, dtype=torch.float32)
     gathered = shard.all_gather(stats)  # [tp, B, 5g+2]
-    shard_max, shard_sums = gathered[:, :, : gamma + 1], gathered[:, :, gamma + 1 : 2 * gamma + 2]
+    shard_max, shard_sums = gathered[:, :, : g + 1], gathered[:, :, g + 1 : 2 * g + 2]
     row_max = shard_max.amax(dim=0)  # [B, g+1]
     row_max = torch.where(row_max == float("-inf"), 0.0, row_max)
     rescale = torch.exp(shard_max - row_max)  # [tp, B, g+1]; 0 for an all -inf shard, NaN stays NaN
     totals = (shard_sums * rescale).sum(dim=0)  # [B, g+1]: the softmax denominators
-    _raise_if_not_finite(totals, gathered[:, :, 4 * gamma + 2 :].sum(dim=0), num_draft_tokens)
-    on_path_logits = gathered[:, :, 2 * gamma + 2 : 3 * gamma + 2].amax(dim=0)  # [B, g]
-    target_on_path = (torch.exp(on_path_logits - row_max[:, :gamma]) / totals[:, :gamma]).double()
-    draft_on_path = gathered[:, :, 3 * gamma + 2 : 4 * gamma + 2].sum(dim=0).double()  # [B, g]
+    _raise_if_not_finite(totals, gathered[:, :, 4 * g + 2 :].sum(dim=0), num_draft_tokens)
+    on_path_logits = gathered[:, :, 2 * g + 2 : 3 * g + 2].amax(dim=0)  # [B, g]
+    target_on_path = (torch.exp(on_path_logits - row_max[:, :g]) / totals[:, :g]).double()
+    draft_on_path = gathered[:, :, 3 * g + 2 : 4 * g + 2].sum(dim=0).double()  # [B, g]
     # p on this shard = exps * target_scales: exp(m_k - M) / total.
     target_scales = rescale[shard.rank] / totals  # [B, g+1]
 
     # 2. This shard's residual and target masses, gathered from every shard. p is never
     # materialised: its scale goes into the residual, max(r_t target_scale_t exps - q, 0).
-    if method == "block" and gamma > 0:
+    if method == "block" and g > 0:
         r = block_acceptance_probs(target_on_path, draft_on_path)  # [B, g]
         scales = torch.cat([r.new_ones(batch_size, 1), r[:, :-1]], dim=1)  # r_0..r_{g-1}
     else:
         r = None
-        scales = torch.ones(batch_size, gamma, dtype=torch.float64, device=logits.device)
-    residual_scales = (scales * target_scales[:, :gamma].double()).float()  # [B, g]
-    masses = torch.empty(batch_size, 2 * gamma + 1, dtype=torch.float64, device=logits.device)
-    masses[:, :gamma] = _residual_masses(exps[:, :gamma], draft_probs, residual_scales)
-    masses[:, gamma:] = shard_sums[shard.rank].double() * target_scales.double()
+        scales = torch.ones(batch_size, g, dtype=torch.float64, device=logits.device)
+    residual_scales = (scales * target_scales[:, :g].double()).float()  # [B, g]
+    masses = torch.empty(batch_size, 2 * g + 1, dtype=torch.float64, device=logits.device)
+    masses[:, :g] = _residual_masses(exps[:, :g], draft_probs, residual_scales)
+    masses[:, g:] = shard_sums[shard.rank].double() * target_scales.double()
     shard_masses = shard.all_gather(masses)  # [tp, B, 2g+1]
-    residual_masses = shard_masses[:, :, :gamma].sum(dim=0)  # [B, g]: Z_0..Z_{g-1}
+    residual_masses = shard_masses[:, :, :g].sum(dim=0)  # [B, g]: Z_0..Z_{g-1}
 
     if method == "block":
         accepted_counts = block_accepted_counts(r, residual_masses[:, 1:], num_draft_tokens, uniforms.eta)
     else:
         passes = uniforms.eta * draft_on_path < target_on_path  # eta < p/q without dividing
-        passes &= torch.arange(gamma, device=passes.device).unsqueeze(0) < num_draft_tokens.unsqueeze(1)
+        passes &= torch.arange(g, device=passes.device).unsqueeze(0) < num_draft_tokens.unsqueeze(1)
         accepted_counts = _prefix_length(passes)
 
     # 3. Y: the shard that u * total falls in samples inside its slice; the others give -1.
@@ -177,7 +177,7 @@ def verify_vocab_parallel(
         uniforms.u,
         shard,
     )
-    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))
+    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, g))
 
 
 def _warp_sharded(target_logits: torch.Tensor, params: SamplingParams, shard: VocabShard) -> torch.Tensor:
@@ -236,14 +236,14 @@ def _sample_sharded(
     Returns:
         next_tokens [B] long, identical on every rank.
     """
-    batch_size, gamma = accepted_counts.shape[0], draft_probs.shape[1]
+    batch_size, g = accepted_counts.shape[0], draft_probs.shape[1]
     rows = torch.arange(batch_size, device=exps.device)
-    tau_residual = accepted_counts.clamp(max=max(gamma - 1, 0))
-    if gamma > 0:
+    tau_residual = accepted_counts.clamp(max=max(g - 1, 0))
+    if g > 0:
         residual_per_shard = shard_masses[:, rows, tau_residual]  # [tp, B]
     else:
         residual_per_shard = shard_masses.new_zeros(shard.world_size, batch_size)
-    target_per_shard = shard_masses[:, rows, gamma + accepted_counts]  # [tp, B]
+    target_per_shard = shard_masses[:, rows, g + accepted_counts]  # [tp, B]
     use_target = (accepted_counts >= num_draft_tokens) | ~(residual_per_shard.sum(dim=0) > 0)  # [B]
     per_shard = torch.where(use_target.unsqueeze(0), target_per_shard, residual_per_shard)
     cumulative = per_shard.cumsum(dim=0)
@@ -257,7 +257,7 @@ def _sample_sharded(
     if shard.num_ids > 0:
         row_exps = exps[rows, accepted_counts]  # [B, V/tp]
         weights = row_exps * target_scales[rows, accepted_counts].unsqueeze(1)  # p
-        if gamma > 0:
+        if g > 0:
             residual = row_exps * residual_scales[rows, tau_residual].unsqueeze(1)
             residual.sub_(draft_probs[rows, tau_residual]).clamp_(min=0.0)
             weights = torch.where(use_target.unsqueeze(1), weights, residual)
@@ -276,23 +276,23 @@ def _verify_greedy_sharded(
     target_logits: torch.Tensor, draft_ids: torch.Tensor, num_draft_tokens: torch.Tensor, shard: VocabShard
 ) -> VerifyOutput:
     """Greedy rule over shards: the global argmax (lowest id among ties, as torch.argmax) per position."""
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     logits = target_logits.float()
     if shard.num_ids > 0:
         local_max, local_argmax = logits.max(dim=-1)
     else:
-        local_max = logits.new_full((batch_size, gamma + 1), float("-inf"))
-        local_argmax = torch.zeros(batch_size, gamma + 1, dtype=torch.long, device=logits.device)
+        local_max = logits.new_full((batch_size, g + 1), float("-inf"))
+        local_argmax = torch.zeros(batch_size, g + 1, dtype=torch.long, device=logits.device)
     global_max = shard.all_reduce(local_max.clone(), dist.ReduceOp.MAX)
     candidates = torch.where(local_max == global_max, local_argmax + shard.vocab_start, shard.vocab_size)
     target_argmax = shard.all_reduce(candidates, dist.ReduceOp.MIN)  # [B, g+1]
-    positions = torch.arange(gamma, device=draft_ids.device)
-    passes = (draft_ids == target_argmax[:, :gamma]) & (
+    positions = torch.arange(g, device=draft_ids.device)
+    passes = (draft_ids == target_argmax[:, :g]) & (
         positions.unsqueeze(0) < num_draft_tokens.unsqueeze(1)
     )
     accepted_counts = _prefix_length(passes)
     next_tokens = target_argmax.gather(1, accepted_counts.unsqueeze(1)).squeeze(1)
-    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, gamma))
+    return VerifyOutput(accepted_counts, next_tokens, _accepted_mask(accepted_counts, g))
 
 
 def _raise_if_not_finite(

@@ -8,9 +8,13 @@ from distributed_spec.distributed.wire import (
     WireFormat,
     block_wire_bytes,
     decode_probs,
+    encode_probs,
+    num_block_outputs,
     sample_view,
     unpack_probs,
+    unpack_probs_slice,
 )
+from distributed_spec.verify_parallel import vocab_shard_range
 
 
 def _probs(batch_size: int, vocab_size: int, seed: int) -> torch.Tensor:
@@ -60,3 +64,22 @@ def test_greedy_sends_no_probabilities() -> None:
     block = DraftBlock(draft_ids=torch.zeros(1, 2, dtype=torch.long), probs_values=None, probs_ids=None, vocab_size=9)
     assert unpack_probs(block, torch.device("cpu")) is None
     assert block.num_wire_bytes == 16 == block_wire_bytes(1, 2, 9, WireFormat(send_probs=False))
+
+
+@pytest.mark.parametrize(("dtype", "top_k"), [("float32", 0), ("bfloat16", 0), ("float16", 0), ("bfloat16", 5)])
+def test_a_shards_vocabulary_slice_of_q_is_the_whole_decode_sliced_bitwise(dtype, top_k):
+    """parallel.verify=vocab_parallel: each shard decodes only its ids, to the very numbers the whole
+    decode gives them (a dense q is cut by the draft, a top-k one is sent whole)."""
+    probs = torch.softmax(torch.randn(3, 2, 65, generator=torch.Generator().manual_seed(0)), dim=-1)
+    wire = WireFormat(dtype, top_k=top_k, vocab_shards=2)
+    values, ids = encode_probs(probs, wire)
+    block = DraftBlock(draft_ids=torch.zeros(3, 2, dtype=torch.long), probs_values=values, probs_ids=ids, vocab_size=65)
+    whole = unpack_probs(block, torch.device("cpu"))
+    slices = block.vocab_slices(2)
+    assert len(slices) == num_block_outputs(wire) == 2
+    for rank, piece in enumerate(slices):
+        start, end = vocab_shard_range(65, 2, rank)
+        assert torch.equal(unpack_probs_slice(piece, start, end, torch.device("cpu")), whole[..., start:end])
+        assert piece.group_wire_bytes == sum(s.num_wire_bytes for s in slices)
+    if top_k == 0:
+        assert slices[1].probs_values.shape[-1] == 32  # only its ids travel

@@ -9,3 +9,25 @@ def test_bytes_table_at_llama3_vocabulary():
     assert "| float32 (CPU default) | 128,256 | 64 | 4 | 131,336,192 |" in table
     assert "| bfloat16 (cuda default) | 128,256 | 64 | 4 | 65,669,120 |" in table
     assert "| greedy verification (no q) | 128,256 | 64 | 4 | 2,048 |" in table
+
+
+def test_verify_table_compares_gather_and_vocab_parallel():
+    from scripts.bench_distributed import verify_bytes_table
+
+    table = verify_bytes_table([128_256], [64], g=4, tp_size=2, modes=["gather", "vocab_parallel"])
+    # gather: each rank receives half of the [64, 5, 128,256] bf16 logits in the LM head's all-reduce.
+    assert "| gather | bfloat16 q | 128,256 | 64 | 4 | 2 | 65,671,168 | 82,083,840 | 1,024 | 229.84 |" in table
+    # vocab_parallel: no head all-reduce; q split by vocabulary (+ [64, 4] float32 row sums per shard).
+    assert "| vocab_parallel | bfloat16 q | 128,256 | 64 | 4 | 2 | 65,673,216 | 0 | 10,752 | 65.69 |" in table
+
+
+def test_vocab_parallel_runs_only_where_there_is_a_vocabulary_to_split():
+    from distributed_spec.config import ParallelConfig
+    from scripts.bench_distributed import ray_variants
+
+    modes = ["gather", "vocab_parallel"]
+    assert [label for label, _ in ray_variants(ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=1), modes)] == [
+        "float32 q", "bfloat16 q", "bf16 q + overlap"
+    ]
+    vocab = [runtime for _, runtime in ray_variants(ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=2), ["vocab_parallel"])]
+    assert len(vocab) == 2 and all(runtime.verify == "vocab_parallel" for runtime in vocab)

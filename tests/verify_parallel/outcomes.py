@@ -22,16 +22,16 @@ def sampling_weights(method, target_probs, draft_ids, draft_probs, num_draft_tok
 
     target_probs [B, g+1, V], draft_ids [B, g], draft_probs [B, g, V], n [B], tau [B].
     """
-    batch_size, gamma = draft_ids.shape
+    batch_size, g = draft_ids.shape
     rows = torch.arange(batch_size)
     p = target_probs[rows, accepted_counts].double()
-    if gamma == 0:
+    if g == 0:
         return p
     scales = torch.ones(batch_size, dtype=torch.float64)
     if method == "block":
         r = block_acceptance_probs(_on_path(target_probs, draft_ids), _on_path(draft_probs, draft_ids))
         scales = torch.cat([torch.ones(batch_size, 1, dtype=torch.float64), r], dim=1)[rows, accepted_counts]
-    q = draft_probs[rows, accepted_counts.clamp(max=gamma - 1)].double()
+    q = draft_probs[rows, accepted_counts.clamp(max=g - 1)].double()
     residual = (p * scales.unsqueeze(1) - q).clamp(min=0.0)
     use_target = (accepted_counts >= num_draft_tokens) | ~(residual.sum(1) > 0)
     return torch.where(use_target.unsqueeze(1), p, residual)

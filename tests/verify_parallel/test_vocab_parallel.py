@@ -54,23 +54,23 @@ def _run_group(world_size: int, *checks) -> None:
     mp.spawn(_worker, args=(world_size, _free_port(), checks), nprocs=world_size, join=True)
 
 
-def _random_case(generator, batch_size, gamma, vocab_size, params):
+def _random_case(generator, batch_size, g, vocab_size, params):
     """Target logits, draft ids sampled from a perturbed warp q, ragged n (0 included)."""
-    target_logits = torch.randn(batch_size, gamma + 1, vocab_size, generator=generator) * 2
+    target_logits = torch.randn(batch_size, g + 1, vocab_size, generator=generator) * 2
     draft_probs = logits_to_probs(
-        target_logits[:, :gamma] + torch.randn(batch_size, gamma, vocab_size, generator=generator), params
+        target_logits[:, :g] + torch.randn(batch_size, g, vocab_size, generator=generator), params
     )
     draft_ids = torch.multinomial(draft_probs.reshape(-1, vocab_size), 1, generator=generator).view(
-        batch_size, gamma
+        batch_size, g
     )
     draft_ids[0, 0] = int(draft_probs[0, 0].argmin())  # q = 0 (r becomes 1), or p = 0 under top-k
-    num_draft_tokens = torch.randint(0, gamma + 1, (batch_size,), generator=generator)
+    num_draft_tokens = torch.randint(0, g + 1, (batch_size,), generator=generator)
     return (
         target_logits,
         draft_ids,
         draft_probs,
         num_draft_tokens,
-        draw_uniforms(batch_size, gamma, generator),
+        draw_uniforms(batch_size, g, generator),
     )
 
 
@@ -102,7 +102,7 @@ def _check_matches_reference(vocab_size: int, batch_size: int) -> None:
 
 def _check_oracle_decisions() -> None:
     """tau and Y of the sharded path equal what the exact oracle dictates (V = 5 split 3 + 2)."""
-    vocab_size, gamma = 5, 3
+    vocab_size, g = 5, 3
     shard = VocabShard(vocab_size)
     start, end = shard.vocab_start, shard.vocab_end
     generator = torch.Generator().manual_seed(3)
@@ -110,9 +110,9 @@ def _check_oracle_decisions() -> None:
         p = oracle.RandomTable(vocab_size, seed=300 + seed, concentration=0.6)
         q = oracle.RandomTable(vocab_size, seed=400 + seed, concentration=0.6)
         draft_ids, draft_probs, target_probs = sample_block_inputs(
-            dense_table(p, (), vocab_size, gamma), dense_table(q, (), vocab_size, gamma), 64, gamma, generator
+            dense_table(p, (), vocab_size, g), dense_table(q, (), vocab_size, g), 64, g, generator
         )
-        uniforms = draw_uniforms(64, gamma, generator)
+        uniforms = draw_uniforms(64, g, generator)
         for method in ("block", "token"):
             output = verify_vocab_parallel(
                 method,
