@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 # JobConfig, so `from distributed_spec.config import ...` finds every one of them.
 from distributed_spec.distributed.config import ParallelConfig
 from distributed_spec.engine.config import EngineConfig, SamplingConfig, SchedulingConfig, VerifierConfig
-from distributed_spec.errors import ConfigError
+from distributed_spec.errors import ConfigError, require
 from distributed_spec.models.config import ModelConfig, ModelSpec  # noqa: F401
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -32,10 +32,6 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # data.format: the job's own records (JSONL or Parquet), or OpenAI Batch API request files (JSONL).
 DATA_FORMATS = ("records", "openai_batch")
 
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 @dataclass
@@ -65,19 +61,19 @@ class DataConfig:
     messages_field: str = "messages"
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
-        _require(self.fsync_every >= 1, f"data.fsync_every must be >= 1, got {self.fsync_every}")
-        _require(self.limit is None or self.limit >= 0, f"data.limit must be >= 0 or null, got {self.limit}")
-        _require(self.format in DATA_FORMATS, f"data.format={self.format!r} is unknown; choose one of {DATA_FORMATS}")
-        _require(
+        require(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        require(self.fsync_every >= 1, f"data.fsync_every must be >= 1, got {self.fsync_every}")
+        require(self.limit is None or self.limit >= 0, f"data.limit must be >= 0 or null, got {self.limit}")
+        require(self.format in DATA_FORMATS, f"data.format={self.format!r} is unknown; choose one of {DATA_FORMATS}")
+        require(
             not (self.format == "openai_batch" and self.input_path.endswith(".parquet")),
             "data.format=openai_batch reads JSONL request files; data.input_path is a .parquet file",
         )
 
     def check_input_exists(self) -> None:
-        _require(bool(self.input_path), "data.input_path is required (e.g. data.input_path=prompts.jsonl)")
+        require(bool(self.input_path), "data.input_path is required (e.g. data.input_path=prompts.jsonl)")
         path = Path(self.input_path).expanduser()
-        _require(path.is_file(), f"data.input_path={self.input_path!r} is not a file")
+        require(path.is_file(), f"data.input_path={self.input_path!r} is not a file")
 
 
 @dataclass
@@ -101,11 +97,11 @@ class TrackingConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.mode in WANDB_MODES, f"tracking.mode={self.mode!r} is unknown; choose one of {WANDB_MODES}"
         )
-        _require(self.log_every >= 1, f"tracking.log_every must be >= 1, got {self.log_every}")
-        _require(self.num_samples >= 0, f"tracking.num_samples must be >= 0, got {self.num_samples}")
+        require(self.log_every >= 1, f"tracking.log_every must be >= 1, got {self.log_every}")
+        require(self.num_samples >= 0, f"tracking.num_samples must be >= 0, got {self.num_samples}")
 
 
 @dataclass
@@ -123,16 +119,16 @@ class JobConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.log_level in LOG_LEVELS,
             f"log_level={self.log_level!r} is unknown; choose one of {LOG_LEVELS}",
         )
-        _require(
+        require(
             not (self.verifier.method == "greedy" and self.sampling.temperature > 0),
             "verifier=greedy matches argmax tokens and needs sampling.temperature=0; "
             "set sampling.temperature=0 or use verifier=block",
         )
-        _require(
+        require(
             self.verifier.num_paths == 1 or self.parallel.runtime == "local",
             f"verifier.num_paths={self.verifier.num_paths} runs in parallel.runtime=local only for now; "
             "set verifier.num_paths=1 or parallel=local",
@@ -193,20 +189,20 @@ def check_devices(parallel: ParallelConfig) -> None:
     if device == "cuda":
         import torch
 
-        _require(
+        require(
             torch.cuda.is_available(),
             "parallel.device=cuda but no CUDA device is visible; set parallel.device=cpu",
         )
         if parallel.ray_address is None:
             num_gpus = torch.cuda.device_count()
-            _require(
+            require(
                 parallel.tp_size <= num_gpus,
                 f"parallel.tp_size={parallel.tp_size} is larger than the {num_gpus} GPU(s) visible here; "
                 f"lower parallel.tp_size or join a cluster with parallel.ray_address",
             )
     elif parallel.ray_address is None:
         num_cpus = os.cpu_count() or 1
-        _require(
+        require(
             parallel.tp_size <= num_cpus,
             f"parallel.tp_size={parallel.tp_size} is larger than the {num_cpus} CPU core(s) here; "
             "lower parallel.tp_size",

@@ -62,7 +62,7 @@ logger = logging.getLogger("bench")
 
 # Defaults of the grid flags left out, per mode.
 GRID_DEFAULTS = dict(
-    gammas=[2, 4, 6, 8],
+    num_draft_tokens=[2, 4, 6, 8],
     temperatures=[0.0, 0.6, 1.0],
     seeds=[0, 1, 2],
     num_prompts=36,
@@ -73,7 +73,7 @@ GRID_DEFAULTS = dict(
 # One thread: on a small CPU shared with other jobs, multi-threaded small matmuls spin-wait and can
 # run 10-100x slower than single-threaded ones.
 ENGINE_DEFAULTS = dict(
-    gammas=[4], temperatures=[1.0], seeds=[0], num_prompts=8, batch_sizes=[8], dtype="auto", threads=1
+    num_draft_tokens=[4], temperatures=[1.0], seeds=[0], num_prompts=8, batch_sizes=[8], dtype="auto", threads=1
 )
 # Sun et al., PaLM-2-S / PaLM-2-XXS, block over token verification: block efficiency gain per g.
 PAPER_BLOCK_OVER_TOKEN = {4: 1.035, 6: 1.06, 8: 1.083}
@@ -445,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--gammas", type=int, nargs="+", default=None, help="draft tokens per row (g)")
+    parser.add_argument("--num-draft-tokens", "--gammas", type=int, nargs="+", default=None, help="draft tokens per row (g)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--num-prompts", type=int, default=None)
@@ -453,7 +453,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+", default=None, help="batch-size sweep of our engine"
     )
-    parser.add_argument("--sweep-g", type=int, default=4)
+    parser.add_argument("--sweep-num-draft-tokens", "--sweep-gamma", type=int, default=4)
     parser.add_argument("--sweep-temperature", type=float, default=1.0)
     parser.add_argument(
         "--draft-lengths",
@@ -462,7 +462,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["constant", "adaptive", "confidence"],
         help="draft-length policies of our speculative methods",
     )
-    parser.add_argument("--max-g", type=int, default=8, help="cap of the adaptive schedule")
+    parser.add_argument("--max-draft-len", "--max-gamma", type=int, default=8, help="cap of the adaptive schedule")
     parser.add_argument(
         "--confidence-threshold",
         type=float,
@@ -512,7 +512,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in (ENGINE_DEFAULTS if args.engine_table else GRID_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.engine_table and any(len(getattr(args, key)) > 1 for key in ("gammas", "temperatures", "seeds")):
+    if args.engine_table and any(len(getattr(args, key)) > 1 for key in ("num_draft_tokens", "temperatures", "seeds")):
         parser.error("--engine-table runs one g, temperature and seed (one value each)")
     return args
 
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         ", ".join(sorted(set(tasks))),
     )
     with torch.no_grad():
-        costs = forward_costs(target, draft, max(args.gammas + [args.sweep_gamma]) + 1)
+        costs = forward_costs(target, draft, max(args.num_draft_tokens + [args.sweep_gamma]) + 1)
     logger.info("forward ms: target %s, draft %s", costs["target_ms"], costs["draft_ms"])
     if args.costs_only:
         print(f"{args.dtype}, {args.threads} threads\n\n{cost_table(costs)}")
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_hf:
             methods.append("hf_assisted")
         runs = [Run("autoregressive", 0)] + [
-            Run(method, g) for g in args.gammas for method in methods
+            Run(method, g) for g in args.num_draft_tokens for method in methods
         ]
         # Temperature 0 draws no random numbers: every seed gives the same tokens, so one seed is run.
         for seed in args.seeds[:1] if temperature == 0 else args.seeds:
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> None:
         if (
             batch_size == 1
             and args.sweep_temperature in args.temperatures
-            and args.sweep_gamma in args.gammas
+            and args.sweep_gamma in args.num_draft_tokens
         ):
             continue  # already measured above
         for seed in args.seeds:
@@ -649,7 +649,7 @@ def engine_table(target, draft, prompts: list[list[int]], methods: list[str], ba
     eos_ids = (tokenizer.eos_token_id,) if args.stop_at_eos else ()
 
     def config(method: str) -> EngineConfig:
-        verifier = VerifierConfig(method=method, num_draft_tokens=args.gammas[0])
+        verifier = VerifierConfig(method=method, num_draft_tokens=args.num_draft_tokens[0])
         return EngineConfig(verifier, sampling, max_batch_size=batch_size, eos_token_ids=eos_ids)
 
     engines = {
@@ -669,7 +669,7 @@ def engine_table(target, draft, prompts: list[list[int]], methods: list[str], ba
                 logger.info("%s sample: %r", method, tokenizer.decode(results[0].token_ids))
     baseline = best["autoregressive"].tokens_per_s if "autoregressive" in best else 0.0
     title = (
-        f"target smollm2, draft {draft.name}, g={args.gammas[0]}, T={args.temperatures[0]}, "
+        f"target smollm2, draft {draft.name}, g={args.num_draft_tokens[0]}, T={args.temperatures[0]}, "
         f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch {batch_size}, "
         f"device {args.device}, {args.threads} thread(s), best of {args.repeats}"
     )

@@ -225,7 +225,7 @@ def main() -> None:
         "--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 (timing), 8 64 (--bytes-only)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--g", type=int, default=4)
+    parser.add_argument("--num-draft-tokens", "--gamma", type=int, default=4)
     parser.add_argument("--method", default="block", choices=["block", "token", "greedy"])
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--draft", default="auto", choices=["auto", "distilled", "truncated"])
@@ -245,10 +245,10 @@ def main() -> None:
                         help="parallel.verify modes to run (vocab_parallel: TP > 1 only)")
     args = parser.parse_args()
     if args.bytes_only:
-        print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.g, args.top_k))
+        print(bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.num_draft_tokens, args.top_k))
         if len(args.verify) > 1:
             print()
-            print(verify_bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.g,
+            print(verify_bytes_table(args.vocab_sizes, args.batch_sizes or [8, 64], args.num_draft_tokens,
                                      max(max(args.tp_sizes), 2), args.verify))
         return
     args.batch_sizes = args.batch_sizes or [1, 8]
@@ -261,12 +261,12 @@ def main() -> None:
     while len(prompts) < max(args.batch_sizes):
         prompts += prompts
     config = EngineConfig(
-        verifier=VerifierConfig(method=args.method, num_draft_tokens=args.g),
+        verifier=VerifierConfig(method=args.method, num_draft_tokens=args.num_draft_tokens),
         sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0),
         max_batch_size=max(args.batch_sizes),
     )
     print(
-        f"target smollm2, draft {draft.name}, method {args.method}, g = {args.g}, T = {args.temperature}, "
+        f"target smollm2, draft {draft.name}, method {args.method}, g = {args.num_draft_tokens}, T = {args.temperature}, "
         f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}"
     )
 

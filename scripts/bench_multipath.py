@@ -2,13 +2,13 @@
 
     python -m scripts.bench_multipath --out docs/bench/multipath            # the full grid
     python -m scripts.bench_multipath --tiny --records-per-task 1 --max-new-tokens 8 --seeds 0 \\
-        --batch-sizes 1 --temperatures 1 --num-paths 1 2 --gammas 2 --out /tmp/bench_mp   # smoke test
+        --batch-sizes 1 --temperatures 1 --num-paths 1 2 --num-draft-tokens 2 --out /tmp/bench_mp   # smoke test
 
 Records: the first --records-per-task prompts of each task type (chat, code, summarisation) of
 distributed_spec/assets/bench_prompts.jsonl, --max-new-tokens each (EOS may end them earlier). Every
 measurement is a real job (`distributed_spec.jobs.runner.run`) on the default pair loaded once, one job
 per task type, so each task gets its own wall clock. Policies: autoregressive (the target alone),
-and block verification with constant g for each (K, g) in --num-paths x --gammas (K = 1: one path),
+and block verification with constant g for each (K, g) in --num-paths x --num-draft-tokens (K = 1: one path),
 plus the n-gram proposers of --proposers (`ngram`, `model+ngram`) at K = 1 for each g.
 They take turns within each (T, B, seed), the first rotating with the seed, so the machine's drift
 hits them alike. At T = 0 the draft's K paths are identical (its argmax), so K > 1 only adds cost:
@@ -108,8 +108,8 @@ def write_task_records(path: Path, task: str, num_records: int) -> int:
 
 def policies(args: argparse.Namespace, temperature: float) -> list[Policy]:
     paths = [k for k in args.num_paths if k == 1 or temperature > 0 or args.all_paths_at_t0]
-    grid = [Policy(0, 0)] + [Policy(k, g) for g in args.gammas for k in paths]
-    return grid + [Policy(1, g, proposer) for proposer in args.proposers for g in args.gammas]
+    grid = [Policy(0, 0)] + [Policy(k, g) for g in args.num_draft_tokens for k in paths]
+    return grid + [Policy(1, g, proposer) for proposer in args.proposers for g in args.num_draft_tokens]
 
 
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
@@ -119,11 +119,11 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
         write_task_records(work / f"{task}.jsonl", task, args.records_per_task)
     job = base_job(args, "local", work / f"{TASKS[0]}.jsonl")
     job = replace(job, sampling=replace(job.sampling, max_new_tokens=args.max_new_tokens))
-    generator = build_generator(replace(job, verifier=Policy(1, max(args.gammas)).verifier()))
+    generator = build_generator(replace(job, verifier=Policy(1, max(args.num_draft_tokens)).verifier()))
     measurements: list[Measurement] = []
     try:
         # Warm-up, not recorded: the first jobs of a process pay for lazy initialisation.
-        for policy in (Policy(0, 0), Policy(max(args.num_paths), max(args.gammas))):
+        for policy in (Policy(0, 0), Policy(max(args.num_paths), max(args.num_draft_tokens))):
             measure_one(generator, job, policy, 1.0, max(args.batch_sizes), 0, TASKS[0], work)
         for temperature in args.temperatures:
             for batch_size in args.batch_sizes:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--num-paths", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--num-draft-tokens", "--gammas", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument(
         "--all-paths-at-t0", action="store_true", help="also run K > 1 at T = 0 (identical paths)"
     )

@@ -83,7 +83,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--vocab", type=int, default=8)
-    parser.add_argument("--g", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--num-draft-tokens", "--gamma", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--paths", type=int, nargs="+", default=list(PATH_COUNTS))
     parser.add_argument("--mix", type=float, nargs="+", default=[0.3, 0.6, 0.9])
     parser.add_argument("--concentration", type=float, default=0.5)
@@ -97,7 +97,7 @@ def main() -> None:
     )
     print("| a | acceptance | g | " + " | ".join(f"K = {k}" for k in path_counts) + " | ratio |")
     print("|---|---|---|" + "---|" * len(path_counts) + "---|")
-    for mix, g in itertools.product(args.mix, args.g):
+    for mix, g in itertools.product(args.mix, args.num_draft_tokens):
         p, q = synthetic_pair(args.vocab, mix, args.concentration, args.seed)
         p_dense, q_dense = (dense_table(table, (), args.vocab, g) for table in (p, q))
         generator = torch.Generator().manual_seed(args.seed)

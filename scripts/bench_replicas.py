@@ -74,7 +74,7 @@ def job_for(args, model: ModelConfig, input_path: Path, out: Path, num_replicas:
             num_cpus_per_shard=float(threads),
             num_cpus_draft=float(threads),
         ),
-        verifier=VerifierConfig(method="block", num_draft_tokens=args.g, draft_len_schedule=args.draft_len_schedule, max_draft_len=args.g),
+        verifier=VerifierConfig(method="block", num_draft_tokens=args.num_draft_tokens, draft_len_schedule=args.draft_len_schedule, max_draft_len=args.num_draft_tokens),
         sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=0),
         data=DataConfig(
             input_path=str(input_path),
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--g", type=int, default=4)
-    parser.add_argument("--g-schedule", default="constant", choices=["constant", "adaptive", "goodput"])
+    parser.add_argument("--num-draft-tokens", "--gamma", type=int, default=4)
+    parser.add_argument("--draft-len-schedule", "--gamma-schedule", default="constant", choices=["constant", "adaptive", "goodput"])
     parser.add_argument("--dtype", default="bfloat16", help="model.dtype of the pair (not with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny random models (smoke test)")
     parser.add_argument("--out", type=Path, default=None)

@@ -12,9 +12,9 @@ four long; natural EOS shortens more), written as a job input file. Every measur
 once per runtime; tokens/s is the job's own figure (generated tokens over its wall-clock).
 
 Policies, all in one run, taking turns within each (runtime, temperature, batch size, seed) so the
-machine's drift hits them alike: autoregressive (the target alone), constant g for each --gammas,
+machine's drift hits them alike: autoregressive (the target alone), constant g for each --num-draft-tokens,
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
-max(--gammas)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
+max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
 --static-batch-sizes. Runtimes: local (the single-process engine) and Ray at TP = 1 and 2 (ray1,
 ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
@@ -106,20 +106,20 @@ def write_records(path: Path, num_records: int) -> None:
 
 
 def policies(args: argparse.Namespace) -> list[Policy]:
-    top = max(args.gammas)
+    top = max(args.num_draft_tokens)
     result = [Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1)]
-    result += [Policy(f"g={g}", g=g, max_draft_len=g) for g in args.gammas]
+    result += [Policy(f"g={g}", g=g, max_draft_len=g) for g in args.num_draft_tokens]
     if args.confidence:
         result += [
             Policy(f"g={g} conf{args.confidence}", g=g, max_draft_len=g, confidence=args.confidence)
-            for g in args.gammas
+            for g in args.num_draft_tokens
         ]
     result.append(Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=top))
     if "model" not in args.proposers:
         result = result[:1]
     for proposer in (name for name in args.proposers if name != "model"):
         # Blocks from n-grams (or n-grams where they match, else the model): fixed g and goodput.
-        result += [Policy(f"g={g} {proposer}", g=g, max_draft_len=g, proposer=proposer) for g in args.gammas]
+        result += [Policy(f"g={g} {proposer}", g=g, max_draft_len=g, proposer=proposer) for g in args.num_draft_tokens]
         result.append(Policy(f"goodput {proposer}", draft_len_schedule="goodput", g=1, max_draft_len=top, proposer=proposer))
     return result
 
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ray-batch-sizes", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--num-draft-tokens", "--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--confidence", type=float, default=0.4, help="0: no confidence-stop policies")
     parser.add_argument(
         "--proposers", nargs="+", default=["model"], choices=["model", "ngram", "model+ngram"],

@@ -2,10 +2,10 @@
 vocabulary-parallel path.
 
     python -m scripts.bench_verify                                   # torch: token vs block vs greedy, the full grid
-    python -m scripts.bench_verify --batch-sizes 1 --gammas 4 --vocab-sizes 49152 --iters 5
+    python -m scripts.bench_verify --batch-sizes 1 --num-draft-tokens 4 --vocab-sizes 49152 --iters 5
     python -m scripts.bench_verify --impl triton --out triton.md     # fused kernel vs the torch path
     python -m scripts.bench_verify --impl vocab_parallel --tp-sizes 2 4
-    python -m scripts.bench_verify --impl torch triton vocab_parallel --batch-sizes 1 32 --gammas 4 \\
+    python -m scripts.bench_verify --impl torch triton vocab_parallel --batch-sizes 1 32 --num-draft-tokens 4 \\
         --vocab-sizes 128256                                          # side by side
 
 --impl names one or more implementations; each prints its own table, and with several a last table
@@ -55,13 +55,13 @@ from scripts.common import human_bytes, markdown_table, time_calls
 IMPLS = ("torch", "triton", "vocab_parallel")
 # Each implementation's grid when its flags are left out.
 DEFAULTS = {
-    "torch": dict(batch_sizes=[1, 32], gammas=[4, 8], vocab_sizes=[49152, 128256], iters=9,
+    "torch": dict(batch_sizes=[1, 32], num_draft_tokens=[4, 8], vocab_sizes=[49152, 128256], iters=9,
                   methods=["token", "block", "greedy"]),
-    "triton": dict(batch_sizes=[1, 64, 256], gammas=[4, 8], vocab_sizes=[128256], iters=20, methods=["block", "token"]),
-    "vocab_parallel": dict(batch_sizes=[1, 32, 128], gammas=[4, 8], vocab_sizes=[128256], iters=5, methods=["block"]),
+    "triton": dict(batch_sizes=[1, 64, 256], num_draft_tokens=[4, 8], vocab_sizes=[128256], iters=20, methods=["block", "token"]),
+    "vocab_parallel": dict(batch_sizes=[1, 32, 128], num_draft_tokens=[4, 8], vocab_sizes=[128256], iters=5, methods=["block"]),
 }
 # The triton smoke run without CUDA (Triton's interpreter is slow: tiny sizes only).
-TRITON_INTERPRETER_GRID = dict(batch_sizes=[2], gammas=[2], vocab_sizes=[64], iters=1, block_size=32)
+TRITON_INTERPRETER_GRID = dict(batch_sizes=[2], num_draft_tokens=[2], vocab_sizes=[64], iters=1, block_size=32)
 FLOAT_BYTES = 4
 
 # A side-by-side cell: (method, B, g, V) -> {column label: seconds}.
@@ -106,7 +106,7 @@ def run_torch(args: argparse.Namespace) -> tuple[str, Comparable]:
     columns = ["B", "g", "V", *args.methods, *(["block/token"] if ratio else [])]
     columns += [f"{m} (from logits)" for m in sampled] + (["block/token (from logits)"] if ratio else [])
     rows, comparable = [], {}
-    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
+    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.num_draft_tokens, args.vocab_sizes):
         t = {k: v * 1e6 for k, v in torch_point(batch_size, g, vocab_size, args.methods, args.iters).items()}
         row = [batch_size, g, vocab_size, *(f"{t[m]:.0f}" for m in args.methods)]
         row += [f"{t['block'] / t['token']:.2f}"] if ratio else []
@@ -167,7 +167,7 @@ def run_triton(args: argparse.Namespace) -> tuple[str, Comparable]:
     methods = [m for m in args.methods if m != "greedy"]  # the kernel does block and token verification
     columns = ["method", "B", "g", "V", "torch ms", "fused ms", "fused + checks ms", "speedup", "tau agree"]
     rows, comparable = [], {}
-    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.gammas, args.vocab_sizes):
+    for batch_size, g, vocab_size in itertools.product(args.batch_sizes, args.num_draft_tokens, args.vocab_sizes):
         inputs = triton_inputs(batch_size, g, vocab_size, params, device, generator)
         for method in methods:
             t, agree = triton_point(triton_block, method, inputs, params, args, sync)
@@ -285,7 +285,7 @@ def _parallel_worker(rank: int, tp_size: int, port: int, grid: dict, results) ->
     params = SamplingParams()
     for vocab_size in grid["vocab_sizes"]:
         shard = VocabShard(vocab_size)
-        for method, batch_size, g in itertools.product(grid["methods"], grid["batch_sizes"], grid["gammas"]):
+        for method, batch_size, g in itertools.product(grid["methods"], grid["batch_sizes"], grid["num_draft_tokens"]):
             row = parallel_config(method, batch_size, g, shard, params, grid["iters"])
             if rank == 0:
                 results.put(row)
@@ -296,7 +296,7 @@ def run_vocab_parallel(args: argparse.Namespace) -> tuple[str, Comparable]:
     import torch.multiprocessing as mp
 
     methods = [m for m in args.methods if m != "greedy"]
-    grid = dict(vocab_sizes=args.vocab_sizes, methods=methods, batch_sizes=args.batch_sizes, gammas=args.gammas,
+    grid = dict(vocab_sizes=args.vocab_sizes, methods=methods, batch_sizes=args.batch_sizes, num_draft_tokens=args.num_draft_tokens,
                 iters=args.iters)
     context = mp.get_context("spawn")
     rows = []
@@ -307,7 +307,7 @@ def run_vocab_parallel(args: argparse.Namespace) -> tuple[str, Comparable]:
                      for rank in range(tp_size)]
         for process in processes:
             process.start()
-        expected = len(args.vocab_sizes) * len(methods) * len(args.batch_sizes) * len(args.gammas)
+        expected = len(args.vocab_sizes) * len(methods) * len(args.batch_sizes) * len(args.num_draft_tokens)
         rows.extend(results.get(timeout=3600) for _ in range(expected))
         for process in processes:
             process.join()
@@ -358,7 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=["torch"], help="implementations to time")
     grid = parser.add_argument_group("grid (left out: each implementation's DEFAULTS)")
     grid.add_argument("--batch-sizes", "--batch", type=int, nargs="+", default=None)
-    grid.add_argument("--gammas", "--g", type=int, nargs="+", default=None, help="draft tokens per row")
+    grid.add_argument("--num-draft-tokens", "--gammas", "--gamma", type=int, nargs="+", default=None, help="draft tokens per row")
     grid.add_argument("--vocab-sizes", "--vocab", "--vocab-size", type=int, nargs="+", default=None)
     grid.add_argument("--methods", "--method", nargs="+", choices=["token", "block", "greedy"], default=None,
                       help="verification rules (triton and vocab_parallel: block and token)")

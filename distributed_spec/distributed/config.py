@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from distributed_spec.errors import ConfigError
+from distributed_spec.errors import require
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,6 @@ WIRE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 VERIFY_MODES = ("gather", "vocab_parallel")
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def device_for(nodes: list[dict[str, float]]) -> str:
@@ -106,81 +102,81 @@ class ParallelConfig:
     plan_cpus_per_node: float | None = None
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.runtime in RUNTIMES,
             f"parallel.runtime={self.runtime!r} is unknown; choose one of {RUNTIMES}",
         )
-        _require(self.tp_size >= 1, f"parallel.tp_size must be >= 1, got {self.tp_size}")
-        _require(
+        require(self.tp_size >= 1, f"parallel.tp_size must be >= 1, got {self.tp_size}")
+        require(
             self.device in DEVICES, f"parallel.device={self.device!r} is unknown; choose one of {DEVICES}"
         )
-        _require(
+        require(
             self.backend in BACKENDS,
             f"parallel.backend={self.backend!r} is unknown; choose one of {BACKENDS}",
         )
-        _require(
+        require(
             not (self.runtime == "local" and self.tp_size > 1),
             f"parallel.runtime=local runs one process, so parallel.tp_size={self.tp_size} is impossible; "
             "set parallel.runtime=ray (or parallel.tp_size=1)",
         )
-        _require(
+        require(
             not (self.backend == "nccl" and self.device == "cpu"),
             "parallel.backend=nccl needs parallel.device=cuda; use parallel.backend=gloo on the CPU",
         )
-        _require(
+        require(
             self.num_threads is None or self.num_threads >= 1,
             f"parallel.num_threads must be >= 1 or null, got {self.num_threads}",
         )
-        _require(
+        require(
             self.num_replicas == "auto" or (type(self.num_replicas) is int and self.num_replicas >= 1),
             f"parallel.num_replicas must be an integer >= 1 or auto, got {self.num_replicas!r}",
         )
-        _require(
+        require(
             self.runtime == "ray" or self.num_replicas == 1,
             f"parallel.num_replicas={self.num_replicas} needs parallel=ray (replicas are Ray actors)",
         )
-        _require(
+        require(
             self.draft_device in DRAFT_DEVICES,
             f"parallel.draft_device must be one of {DRAFT_DEVICES}, got {self.draft_device!r}",
         )
         # Device auto is checked as the backend implies; resolve() checks the settled copy again.
         gpu = self.device == "cuda" or (self.device == "auto" and self.backend == "nccl")
-        _require(
+        require(
             not (self.runtime == "ray" and gpu and self.draft_device == "auto" and self.num_gpus_draft <= 0),
             f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
             "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu",
         )
-        _require(
+        require(
             self.num_gpus_draft <= 1 or self.num_gpus_draft == int(self.num_gpus_draft),
             f"parallel.num_gpus_draft={self.num_gpus_draft}: above 1 Ray needs a whole number of GPUs",
         )
-        _require(
+        require(
             self.plan_num_nodes >= 1 and (self.plan_gpus_per_node is None or self.plan_gpus_per_node >= 0),
             "parallel.plan_num_nodes must be >= 1 and parallel.plan_gpus_per_node >= 0 or null",
         )
-        _require(
+        require(
             self.placement_strategy in PLACEMENT_STRATEGIES,
             f"parallel.placement_strategy must be one of {PLACEMENT_STRATEGIES}, got {self.placement_strategy!r}",
         )
-        _require(
+        require(
             self.wire_dtype in WIRE_DTYPES,
             f"parallel.wire_dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}",
         )
-        _require(self.wire_top_k >= 0, f"parallel.wire_top_k must be >= 0 (0 = dense), got {self.wire_top_k}")
-        _require(
+        require(self.wire_top_k >= 0, f"parallel.wire_top_k must be >= 0 (0 = dense), got {self.wire_top_k}")
+        require(
             self.num_cpus_per_shard > 0 and self.num_cpus_draft > 0,
             "parallel.num_cpus_per_shard and parallel.num_cpus_draft must be > 0",
         )
-        _require(
+        require(
             self.step_timeout_s > 0 and self.load_timeout_s > 0,
             "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
         )
-        _require(self.max_restarts >= 0, f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
-        _require(
+        require(self.max_restarts >= 0, f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
+        require(
             self.verify in VERIFY_MODES,
             f"parallel.verify={self.verify!r} is unknown; choose one of {VERIFY_MODES}",
         )
-        _require(
+        require(
             self.runtime == "ray" or self.verify == "gather",
             f"parallel.verify={self.verify} shards the vocabulary over target processes, and "
             "parallel.runtime=local runs one; set parallel=ray (or parallel.verify=gather)",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distributed_spec.errors import ConfigError
+from distributed_spec.errors import ConfigError, require
 from distributed_spec.verify import VERIFY_METHODS, SamplingParams
 
 # "autoregressive" runs the target alone through the same loop (no draft loaded): the baseline.
@@ -37,10 +37,6 @@ PROPOSERS = ("model", "ngram", "model+ngram")
 MULTIPATH_METHODS = ("block", "greedy")
 FINISH_REASONS = ("eos", "stop", "length")
 
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 @dataclass
@@ -73,51 +69,51 @@ class VerifierConfig:
     num_paths: int = 1
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.method in ENGINE_METHODS,
             f"verifier.method={self.method!r} is unknown; choose one of {ENGINE_METHODS} (e.g. verifier=block)",
         )
-        _require(self.num_draft_tokens >= 1, f"verifier.num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        _require(
+        require(self.num_draft_tokens >= 1, f"verifier.num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        require(
             self.draft_len_schedule in DRAFT_LEN_SCHEDULES,
             f"verifier.draft_len_schedule={self.draft_len_schedule!r} is unknown; choose one of {DRAFT_LEN_SCHEDULES}",
         )
-        _require(self.max_draft_len >= 1, f"verifier.max_draft_len must be >= 1, got {self.max_draft_len}")
-        _require(
+        require(self.max_draft_len >= 1, f"verifier.max_draft_len must be >= 1, got {self.max_draft_len}")
+        require(
             self.draft_len_schedule != "adaptive" or self.max_draft_len >= self.num_draft_tokens,
             f"verifier.max_draft_len ({self.max_draft_len}) must be >= verifier.num_draft_tokens "
             f"({self.num_draft_tokens}) with verifier.draft_len_schedule=adaptive",
         )
-        _require(
+        require(
             0.0 <= self.draft_confidence_threshold < 1.0,
             "verifier.draft_confidence_threshold must be in [0, 1) (0 disables it), "
             f"got {self.draft_confidence_threshold}",
         )
-        _require(
+        require(
             self.proposer in PROPOSERS, f"verifier.proposer={self.proposer!r} is unknown; choose one of {PROPOSERS}"
         )
-        _require(
+        require(
             self.proposer == "model" or self.method != "autoregressive",
             f"verifier.proposer={self.proposer} proposes blocks, but verifier.method=autoregressive verifies "
             "none; set verifier.proposer=model or pick a verifier (e.g. verifier=block)",
         )
-        _require(
+        require(
             1 <= self.ngram_min <= self.ngram_max,
             "verifier.ngram_min and verifier.ngram_max need 1 <= ngram_min <= ngram_max, "
             f"got {self.ngram_min} and {self.ngram_max}",
         )
-        _require(self.num_paths >= 1, f"verifier.num_paths must be >= 1, got {self.num_paths}")
-        _require(
+        require(self.num_paths >= 1, f"verifier.num_paths must be >= 1, got {self.num_paths}")
+        require(
             self.num_paths == 1 or self.method in MULTIPATH_METHODS,
             f"verifier.num_paths={self.num_paths} needs a draft model and verifier.method in "
             f"{MULTIPATH_METHODS} (e.g. verifier=block), got verifier.method={self.method!r}",
         )
-        _require(
+        require(
             self.num_paths == 1 or self.draft_confidence_threshold == 0,
             "verifier.num_paths > 1 needs verifier.draft_confidence_threshold=0 "
             "(every path of a row verifies the same number of drafts)",
         )
-        _require(
+        require(
             self.num_paths == 1 or self.proposer == "model",
             f"verifier.num_paths > 1 draws its paths from the draft model: set verifier.proposer=model "
             f"(got {self.proposer!r}) or verifier.num_paths=1",
@@ -177,8 +173,8 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _require(self.max_new_tokens >= 1, f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _require(all(self.stop), "sampling.stop must not contain empty strings")
+        require(self.max_new_tokens >= 1, f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        require(all(self.stop), "sampling.stop must not contain empty strings")
         try:
             self.params  # noqa: B018 - validates temperature, top_k and top_p where the math defines them
         except ValueError as err:
@@ -204,11 +200,11 @@ class SchedulingConfig:
     compact_fraction: float = 0.5
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 1,
             f"engine.prefill_chunk_tokens must be >= 1 or null, got {self.prefill_chunk_tokens}",
         )
-        _require(
+        require(
             0.0 < self.compact_fraction <= 1.0,
             f"engine.compact_fraction must be in (0, 1], got {self.compact_fraction}",
         )
@@ -228,7 +224,7 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _require(self.max_batch_size >= 1, f"data.batch_size must be >= 1, got {self.max_batch_size}")
+        require(self.max_batch_size >= 1, f"data.batch_size must be >= 1, got {self.max_batch_size}")
         self.eos_token_ids = tuple(int(token_id) for token_id in self.eos_token_ids)
 
 

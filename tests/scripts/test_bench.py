@@ -159,11 +159,11 @@ def test_table_rows_follow_batch_then_temperature_then_gamma():
 def test_each_mode_fills_its_own_defaults():
     """bench.py --engine-table (formerly scripts/bench_engine.py) keeps that script's defaults."""
     engine = bench.parse_args(["--engine-table"])
-    assert (engine.gammas, engine.batch_sizes, engine.num_prompts, engine.threads) == ([4], [8], 8, 1)
-    grid = bench.parse_args(["--gammas", "2"])
-    assert grid.gammas == [2] and grid.temperatures == [0.0, 0.6, 1.0] and grid.dtype == "float32"
+    assert (engine.num_draft_tokens, engine.batch_sizes, engine.num_prompts, engine.threads) == ([4], [8], 8, 1)
+    grid = bench.parse_args(["--num-draft-tokens", "2"])
+    assert grid.num_draft_tokens == [2] and grid.temperatures == [0.0, 0.6, 1.0] and grid.dtype == "float32"
     with pytest.raises(SystemExit):
-        bench.parse_args(["--engine-table", "--gammas", "2", "4"])
+        bench.parse_args(["--engine-table", "--num-draft-tokens", "2", "4"])
 
 
 def test_engine_table_on_tiny_models(pair):

@@ -25,7 +25,7 @@ def test_monte_carlo_efficiency_matches_the_exact_value():
 
 
 def test_main_prints_one_row_per_cell(monkeypatch, capsys):
-    argv = ["bench", "--vocab", "3", "--g", "1", "2", "--paths", "1", "2", "--mix", "0.5", "--rows", "50"]
+    argv = ["bench", "--vocab", "3", "--num-draft-tokens", "1", "2", "--paths", "1", "2", "--mix", "0.5", "--rows", "50"]
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.5 |")]

@@ -4,15 +4,15 @@ from scripts import bench_verify
 
 
 def test_torch_table_on_a_tiny_grid():
-    text = bench_verify.main(["--impl", "torch", "--batch-sizes", "1", "--gammas", "2", "--vocab-sizes", "32",
+    text = bench_verify.main(["--impl", "torch", "--batch-sizes", "1", "--num-draft-tokens", "2", "--vocab-sizes", "32",
                               "--iters", "1"])
     assert "| B | g | V | token | block | greedy | block/token | token (from logits) |" in text
     assert text.count("\n| 1 | 2 | 32 |") == 1
 
 
 def test_old_flag_names_and_per_impl_defaults():
-    args = bench_verify.parse_args(["--batch", "1", "--g", "4", "--vocab", "64", "--repeats", "3"])
-    assert (args.batch_sizes, args.gammas, args.vocab_sizes, args.iters) == ([1], [4], [64], 3)
+    args = bench_verify.parse_args(["--batch", "1", "--num-draft-tokens", "4", "--vocab", "64", "--repeats", "3"])
+    assert (args.batch_sizes, args.num_draft_tokens, args.vocab_sizes, args.iters) == ([1], [4], [64], 3)
     parallel = bench_verify.settings(bench_verify.parse_args(["--impl", "vocab_parallel"]), "vocab_parallel")
     assert parallel.batch_sizes == [1, 32, 128] and parallel.methods == ["block"] and parallel.iters == 5
 
