@@ -157,9 +157,9 @@ class JobConfig:
 
 # Keys renamed when the draft length got one vocabulary (engine/config.py): old name -> new name.
 _RENAMED_KEYS = {
-    "verifier.g": "verifier.num_draft_tokens",
-    "verifier.draft_len_schedule": "verifier.draft_len_schedule",
-    "verifier.max_draft_len": "verifier.max_draft_len",
+    "verifier.gamma": "verifier.num_draft_tokens",
+    "verifier.gamma_schedule": "verifier.draft_len_schedule",
+    "verifier.max_gamma": "verifier.max_draft_len",
 }
 
 

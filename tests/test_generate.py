@@ -119,6 +119,38 @@ def test_parallel_keys_are_the_one_parallel_config():
         assert ours[name] == value, name
 
 
+@pytest.mark.parametrize(
+    ("group", "option", "config_class"),
+    [
+        ("verifier", "block", "VerifierConfig"),
+        ("sampling", "default", "SamplingConfig"),
+        ("engine", "default", "SchedulingConfig"),
+    ],
+)
+def test_engine_groups_are_the_engines_config_classes(group, option, config_class):
+    # conf/<group> is the engine's own class (engine/config.py): its keys are the class's fields,
+    # and the job hands the very objects to the engine.
+    from distributed_spec.engine import config as engine_config
+
+    fields = {field.name for field in dataclasses.fields(getattr(engine_config, config_class))}
+    keys = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+    assert set(keys) == fields
+    job = _compose([])
+    config = job.engine_config((7,))
+    assert config.verifier is job.verifier and config.sampling is job.sampling and config.scheduling is job.engine
+    assert config.max_batch_size == job.data.batch_size and config.eos_token_ids == (7,)
+
+
+def test_old_draft_length_keys_name_their_new_names():
+    for old, new in [
+        ("verifier.gamma", "verifier.num_draft_tokens"),
+        ("verifier.max_gamma", "verifier.max_draft_len"),
+        ("verifier.gamma_schedule", "verifier.draft_len_schedule"),
+    ]:
+        with pytest.raises(ConfigError, match=f"{old} is now {new}"):
+            _compose([f"+{old}=3"])
+
+
 def test_the_proposer_key_reaches_the_verifier():
     job = _compose(["verifier.proposer=ngram"])
     assert job.verifier.proposer == "ngram" and not job.verifier.uses_draft_model

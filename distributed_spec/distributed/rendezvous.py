@@ -1,4 +1,4 @@
-"""Process-group formation from explicit rendezvous values (STYLE.md habit 6).
+"""Process-group formation from explicit rendezvous values (passed in, never discovered).
 
 The coordinator picks the master address and port with a tiny task on the first bundle of the
 placement group (it binds port 0, so the kernel hands out a free port) and passes rank, world size,

@@ -5,8 +5,8 @@ target through DeepSpeed AutoTP (`init_inference(tensor_parallel={"tp_size": N},
 replace_with_kernel_inject=False)`): from a safetensors checkpoint it reads only its own slice
 (shard_loading.py; no rank holds the full weights); a model built in code (tiny test models) is
 built whole and cut. After the sharding pass the model is an ordinary module whose linear layers
-all-reduce inside the group, so the single-process runner drives it unchanged (STYLE.md habits 4
-and 5).
+all-reduce inside the group, so the single-process runner drives it unchanged: the parallelism is
+applied to plain model code from outside, never written into it.
 
 Verbs: `node_id`, `load`, `logits` and `output_width` (tests), `begin`, `score_and_verify`, `shutdown`.
 
