@@ -25,8 +25,10 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
   row's expected tokens, and one g per step is the whole decision.
-- Exploration: a g never measured is tried first (a few steps at start-up: the probe), and every
-  `explore_every` steps the g (other than the best) with the oldest measurement is re-measured.
+- Exploration: a g never measured is tried first (a few steps at start-up: the probe), climbing
+  from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
+  steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
+  with the oldest measurement is re-measured.
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
@@ -209,21 +211,38 @@ class GoodputPolicy:
             return 0
         longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
         candidates = list(range(longest + 1))
-        # The probe: every g measured a few times at this batch size before choosing.
+        # The probe climbs: g is measured (min_samples steps at this batch size) only while goodput
+        # still rises from g - 2 to g - 1. Goodput in g rises to one peak and falls, so past a fall
+        # the longer blocks, the dearest steps to probe, are not tried at this batch size.
         for g in candidates:
-            cell = self.cost.measured(num_rows, g)
-            if self.cost.predict(num_rows, g) is None or (
-                cell is not None and cell.count < self.min_samples
-            ):
-                return g
+            if self._known(num_rows, g):
+                continue
+            if g >= 2 and not self._rising(rows, num_rows, g - 1):
+                candidates = candidates[:g]
+                break
+            return g
         scores = {g: self.goodput(rows, num_rows, g) for g in candidates}
         best = max(candidates, key=lambda g: (scores[g], -g))
         self.best = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
-            others = [g for g in candidates if g != best]
-            if others:
-                return min(others, key=self._last_measured(num_rows))
+            # Re-measure a neighbour of the best, so a peak that moves is followed step by step.
+            neighbours = [g for g in (best - 1, best + 1) if 0 <= g <= longest]
+            if neighbours:
+                return min(neighbours, key=self._last_measured(num_rows))
         return best
+
+    def _known(self, num_rows: int, g: int) -> bool:
+        """Whether g's cost at this batch size counts as known (predicted from another batch size,
+        or measured here min_samples times)."""
+        cell = self.cost.measured(num_rows, g)
+        if cell is not None:
+            return cell.count >= self.min_samples
+        return self.cost.predict(num_rows, g) is not None
+
+    def _rising(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> bool:
+        """Whether goodput rises from g - 1 to g (both known)."""
+        upper, lower = self.goodput(rows, num_rows, g), self.goodput(rows, num_rows, g - 1)
+        return upper is not None and lower is not None and upper >= lower
 
     def _last_measured(self, num_rows: int):
         def key(g: int) -> int:

@@ -58,3 +58,29 @@ def test_cells_learn_from_steps_that_feed_prompts():
         model.observe(16, 1, 0.150 + num_prompt_tokens * 0.001, step=step, num_prefill_tokens=num_prompt_tokens)
     assert abs(model.predict(16, 1) - 0.150) < 0.01
     assert abs(model.prefill_seconds_per_token - 0.001) < 0.0003
+
+
+# Seconds per step at B = 16 by g (2 CPU cores, default pair, bf16: docs/RESULTS.md): a g = 1 step
+# costs ~1.48x a g = 0 step while the pair keeps ~0.44 of first draft tokens, so drafting loses.
+STEP_SECONDS_B16 = {0: 0.063, 1: 0.093, 2: 0.121, 3: 0.150, 4: 0.178}
+
+
+def test_the_probe_stops_climbing_once_goodput_falls():
+    """At B = 16 g = 1 loses to g = 0 (and g = 2 to g = 1) once measured, so the dearer g = 3 and 4
+    steps are never probed; the policy settles on g = 0, re-measuring its neighbour g = 1 now and then."""
+    policy = GoodputPolicy(max_draft_len=4)
+    rng = random.Random(0)
+    records = [RowAcceptance() for _ in range(16)]
+    steps = [0] * 5
+    for _ in range(200):
+        g = policy.choose_step([(8, record) for record in records], 16)
+        steps[g] += 1
+        accepted = [0] * 16
+        for row in range(16):
+            while accepted[row] < g and rng.random() < (0.44, 0.3, 0.25, 0.2)[accepted[row]]:
+                accepted[row] += 1
+            records[row].observe(accepted[row], policy.predicted_accepted(g))
+        policy.observe_acceptance([g] * 16, accepted)
+        policy.observe_step(16, g, STEP_SECONDS_B16[g])
+    assert steps[3] == steps[4] == 0
+    assert steps[0] > 0.85 * sum(steps)
