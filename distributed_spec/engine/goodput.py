@@ -9,7 +9,8 @@
 goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g in {0, ..., max}:
 - T(B, g) is the wall-clock time of a whole step with B rows in the batch and g draft tokens per
   row (draft forwards, the target's forward over g + 1 positions, verification, bookkeeping), measured
-  online on this device: an exponential moving average per (B, g) cell (`StepCostModel`). A cell not
+  online on this device: an exponential moving average per (B, g) cell (`StepCostModel`), times a
+  drift all cells share (steps slow down as contexts grow, whatever g). A cell not
   measured yet is predicted from the nearest batch size that has it, scaled by the ratio of a cell
   both batch sizes share. A step that also fed prompt tokens (rows joining the batch) costs more by
   about c x (the prompt tokens it fed); c is estimated within cells (`StepCostModel`), so every step
@@ -56,19 +57,38 @@ class StepCostModel:
     c is shared by all cells and estimated within cells (each step's deviation from its cell's
     running means, x against y: a fixed-effects regression), so every step, with or without prompt
     tokens, updates its cell, and T(B, g) = mean seconds - c x mean prompt tokens.
+
+    Every step also grows slower as the rows' contexts lengthen, whatever its g. That drift is one
+    factor shared by all cells (`log_drift`, moved first by each step's surprise against its cell);
+    the cells hold costs net of it. The cell exploited every step and a cell last measured long ago
+    are thus compared at today's drift: without it the fresh cell had drifted up and the stale one
+    not, and a draft length that lost became the choice (docs/RESULTS.md, the batch drain).
     """
 
-    def __init__(self, smoothing: float = 0.2, decay: float = 0.98) -> None:
+    def __init__(
+        self, smoothing: float = 0.05, decay: float = 0.98, drift_rate: float = 0.5, max_drift_step: float = 0.2
+    ) -> None:
         self.smoothing = smoothing
         self.decay = decay
+        self.drift_rate = drift_rate
+        # A step moves the drift by at most this much in log (22%): one slow step (the first of a run,
+        # which feeds every prompt) must not rescale every cell.
+        self.max_drift_step = max_drift_step
         self.cells: dict[tuple[int, int], _Cell] = {}
-        # Decayed sums of (prompt tokens - cell mean) x (seconds - cell mean) and its square.
+        # log of the factor all cells share (1 at the start).
+        self.log_drift = 0.0
+        # Decayed sums of (prompt tokens - cell mean) x (seconds - cell mean) and its square, seconds
+        # net of the drift.
         self._within_xy = 0.0
         self._within_xx = 0.0
 
     @property
     def prefill_seconds_per_token(self) -> float:
         """c: seconds per prompt token a step feeds (0 until steps with different prompt loads)."""
+        return self._net_seconds_per_token * math.exp(self.log_drift)
+
+    @property
+    def _net_seconds_per_token(self) -> float:
         if self._within_xx <= 1e-9:
             return 0.0
         return max(self._within_xy / self._within_xx, 0.0)
@@ -76,20 +96,29 @@ class StepCostModel:
     def observe(self, num_rows: int, g: int, seconds: float, step: int, num_prefill_tokens: int = 0) -> None:
         """A step's wall clock; num_prefill_tokens: prompt tokens it fed (rows joining or prefilling)."""
         cell = self.cells.get((num_rows, g))
+        if cell is not None:
+            expected = self.seconds(cell) + self.prefill_seconds_per_token * num_prefill_tokens
+            surprise = math.log(max(seconds, 1e-9) / max(expected, 1e-9))
+            self.log_drift += self.drift_rate * min(max(surprise, -self.max_drift_step), self.max_drift_step)
+        net = seconds / math.exp(self.log_drift)
         if cell is None:
-            self.cells[(num_rows, g)] = _Cell(seconds, float(num_prefill_tokens), 1, step)
+            self.cells[(num_rows, g)] = _Cell(net, float(num_prefill_tokens), 1, step)
             return
-        dx, dy = num_prefill_tokens - cell.mean_prompt_tokens, seconds - cell.mean_seconds
+        dx, dy = num_prefill_tokens - cell.mean_prompt_tokens, net - cell.mean_seconds
         self._within_xy = self.decay * self._within_xy + dx * dy
         self._within_xx = self.decay * self._within_xx + dx * dx
-        cell.mean_prompt_tokens += self.smoothing * dx
-        cell.mean_seconds += self.smoothing * dy
+        # A running mean over the cell's first steps, then an exponential one: a cell's net cost is
+        # steady (the drift carries the trend), so it may move slowly once known.
+        rate = max(1.0 / (cell.count + 1), self.smoothing)
+        cell.mean_prompt_tokens += rate * dx
+        cell.mean_seconds += rate * dy
         cell.count += 1
         cell.last_step = step
 
     def seconds(self, cell: _Cell) -> float:
-        """T(B, g) of a cell: its mean step without the prompt tokens' share."""
-        return max(cell.mean_seconds - self.prefill_seconds_per_token * cell.mean_prompt_tokens, 1e-9)
+        """T(B, g) of a cell at today's drift: its mean step without the prompt tokens' share."""
+        net = max(cell.mean_seconds - self._net_seconds_per_token * cell.mean_prompt_tokens, 1e-9)
+        return net * math.exp(self.log_drift)
 
     def measured(self, num_rows: int, g: int) -> _Cell | None:
         return self.cells.get((num_rows, g))

@@ -127,6 +127,9 @@ class Request:
 class Scheduler:
     """Drives an executor over a stream of requests; see the module docstring."""
 
+    # The clock that times steps for the goodput schedule (tests give a deterministic one).
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, config: EngineConfig, executor: Executor, tokenizer=None) -> None:
         if config.sampling.stop and tokenizer is None:
             raise ValueError("sampling.stop needs a tokenizer: pass tokenizer= or clear the stop strings")
@@ -143,8 +146,6 @@ class Scheduler:
         self.stats = self._new_stats()
         # Tests: called with the step index after each step (e.g. to kill a shard).
         self.on_step = None
-        # The clock that times steps for the goodput schedule (tests give a deterministic one).
-        self.clock = time.perf_counter
 
     def _new_stats(self) -> RunStats:
         max_num_draft_tokens = self.config.verifier.max_num_draft_tokens

@@ -84,3 +84,16 @@ def test_the_probe_stops_climbing_once_goodput_falls():
         policy.observe_step(16, g, STEP_SECONDS_B16[g])
     assert steps[3] == steps[4] == 0
     assert steps[0] > 0.85 * sum(steps)
+
+
+def test_a_stale_cell_follows_the_drift_of_the_exploited_one():
+    """Steps slow down as contexts grow, whatever g: a g = 1 cell measured at the start and a g = 0
+    cell exploited since, twice as slow by now, still compare at their true ratio 1.5 (without the
+    shared drift the stale cell read 0.75x the fresh one, and g = 1 looked like a bargain)."""
+    model = StepCostModel()
+    for step in range(4):
+        model.observe(16, step % 2, (0.060, 0.090)[step % 2], step=step)
+    for step in range(4, 104):
+        model.observe(16, 0, 0.060 * (1.0 + (step - 4) / 100), step=step)
+    assert abs(model.predict(16, 1) / model.predict(16, 0) - 1.5) < 0.1
+    assert abs(model.predict(16, 0) - 0.119) < 0.01

@@ -35,7 +35,7 @@ def autoregressive_outputs(tiny_pair):
 @pytest.mark.parametrize("g", [1, 3, 5])
 @pytest.mark.parametrize("method", VERIFY_METHODS)
 def test_greedy_speculative_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, g, batch_size, draft_len_schedule
+    tiny_pair, autoregressive_outputs, steady_steps, method, g, batch_size, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(

@@ -39,7 +39,7 @@ autoregressive_outputs = test_greedy.autoregressive_outputs
 @pytest.mark.parametrize("num_paths", [2, 4])
 @pytest.mark.parametrize("method", ["block", "greedy"])
 def test_greedy_multipath_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, method, num_paths, batch_size, draft_len_schedule
+    tiny_pair, autoregressive_outputs, steady_steps, method, num_paths, batch_size, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(

@@ -134,7 +134,7 @@ class RecordingRunner(ModelRunner):
 
 
 @pytest.mark.parametrize("draft_len_schedule", ["constant", "goodput"])
-def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, draft_len_schedule):
+def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_steps, draft_len_schedule):
     """After every step, per decoding row: the draft's kept slots + its pending input = prompt + output
     (the invariant of sides.py), with blocks from n-grams, from the model, and steps without the model."""
     target, draft = tiny_pair
