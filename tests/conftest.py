@@ -6,6 +6,7 @@ the 2-core CI machine), turning a green run red. The run's result is final once 
 its summary, so the process exits there with pytest's own status and skips that teardown.
 """
 
+import itertools
 import os
 import sys
 
@@ -27,3 +28,15 @@ def pytest_unconfigure(config):
 
 
 _EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.fixture
+def steady_steps(monkeypatch):
+    """Every step lasts one tick of a fake clock, whatever its g. On tiny models a draft forward costs
+    as much as the target's, so the goodput schedule rightly stops drafting after its probe; tests
+    that check exactness under that schedule need the drafting path taken, and with steps of equal
+    cost drafting always pays."""
+    from distributed_spec.engine.scheduler import Scheduler
+
+    ticks = itertools.count()
+    monkeypatch.setattr(Scheduler, "clock", staticmethod(lambda: float(next(ticks))))

@@ -176,7 +176,7 @@ def test_goodput_greedy_output_identical_to_engine(tp2):
     ],
 )
 def test_ngram_proposers_greedy_output_identical_to_engine(
-    tp2, proposer, wire_dtype, wire_top_k, overlap, draft_length
+    tp2, steady_steps, proposer, wire_dtype, wire_top_k, overlap, draft_length
 ):
     """n-gram blocks built on the driver (ngram) or laid into the draft actor's block (model+ngram)."""
     tp2.config = engine_replace(GREEDY, proposer=proposer, **draft_length)

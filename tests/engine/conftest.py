@@ -6,12 +6,9 @@ slower than single-threaded ones, so every engine test runs with one torch threa
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
-from distributed_spec.engine.scheduler import Scheduler
 from distributed_spec.models.tiny import perturbed_copy, tiny_llama
 
 
@@ -21,16 +18,6 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(num_threads)
-
-
-@pytest.fixture
-def steady_steps(monkeypatch):
-    """Every step lasts one tick of a fake clock, whatever its g. On tiny models a draft forward costs
-    as much as the target's, so the goodput schedule rightly stops drafting after its probe; tests
-    that check exactness under that schedule need the drafting path taken, and with steps of equal
-    cost drafting always pays."""
-    ticks = itertools.count()
-    monkeypatch.setattr(Scheduler, "clock", staticmethod(lambda: float(next(ticks))))
 
 
 @pytest.fixture(scope="module")
