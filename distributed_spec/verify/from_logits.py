@@ -12,6 +12,7 @@ token rules on one-hot p and q, which is the same prefix match), sampled rows th
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -37,12 +38,15 @@ def verify_logits(
         params: one setting for all rows, or each row's own (RowSampling of B rows)
     """
     if isinstance(params, RowSampling):
-        shared = params.shared()
-        if shared is None:
-            return _verify_by_row_groups(
-                method, draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, params
-            )
-        params = shared
+        return verify_by_row_groups(
+            params,
+            functools.partial(verify_logits, method),
+            draft_ids,
+            draft_probs,
+            target_logits,
+            num_draft_tokens,
+            uniforms,
+        )
     if method != "greedy" and target_logits.device.type == "cuda":
         # Imported here: Triton is needed (and importable) only where a GPU runs the kernel.
         from distributed_spec.verify.triton_block import fused_available, verify_fused
@@ -53,16 +57,23 @@ def verify_logits(
     return verify(method, draft_ids, draft_probs, target_probs, num_draft_tokens, uniforms)
 
 
-def _verify_by_row_groups(
-    method: str,
+def verify_by_row_groups(
+    sampling: RowSampling,
+    verify_group: Callable[..., VerifyOutput],
     draft_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     num_draft_tokens: torch.Tensor | None,
     uniforms: VerifyUniforms | None,
-    sampling: RowSampling,
 ) -> VerifyOutput:
-    """verify_logits on each group of rows sharing settings; results gathered back into row order."""
+    """verify_group(draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, params) on each
+    group of rows sharing settings (all rows in one call, uncopied, when they share one), results
+    gathered back into row order. Groups come in order of first appearance, so every rank of a
+    shard group calls a collective verifier in the same order. Shapes as `verify_logits` ([B, ...]
+    leading; target_logits and draft_probs may hold a vocabulary slice)."""
+    shared = sampling.shared()
+    if shared is not None:
+        return verify_group(draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, shared)
     batch_size, g = draft_ids.shape
     device = target_logits.device
     accepted_counts = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -72,8 +83,7 @@ def _verify_by_row_groups(
         index = torch.tensor(rows, dtype=torch.long, device=device)
         pick = functools.partial(_select_rows, index=index)
         group_uniforms = None if uniforms is None else VerifyUniforms(eta=pick(uniforms.eta), u=pick(uniforms.u))
-        output = verify_logits(
-            method,
+        output = verify_group(
             pick(draft_ids),
             pick(draft_probs),
             pick(target_logits),

@@ -1,7 +1,7 @@
 """One decoding step's verification on a vocabulary shard: `engine.executor.verify_step`, sharded.
 
 Adds to `verify_vocab_parallel` what a step of the runtime needs: each row's own sampling settings
-(rows sharing settings are verified together, as `verify_logits` groups them) and steps without
+(rows sharing settings are verified together: `verify_by_row_groups`, as `verify_logits` does) and steps without
 drafts (Y ~ p_1: token verification of an empty block samples exactly that). Every rank calls the
 same collectives in the same order, because the grouping depends only on the settings, which are
 the same on every rank.
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from distributed_spec.verify.rules import VerifyUniforms
+from distributed_spec.verify.from_logits import verify_by_row_groups
+from distributed_spec.verify.rules import VerifyOutput, VerifyUniforms
 from distributed_spec.verify.sampling import RowSampling
 from distributed_spec.verify_parallel.shards import VocabShard
 from distributed_spec.verify_parallel.vocab_parallel import verify_vocab_parallel
@@ -48,41 +49,13 @@ def verify_step_vocab_parallel(
         method = "token" if method != "greedy" else method
         draft_probs = target_logits.new_zeros(batch_size, 0, shard.num_ids, dtype=torch.float32)
     uniforms = VerifyUniforms(eta=eta[:, :g].to(device), u=u.to(device))
-    num_draft_tokens = num_draft_tokens.to(device)
-    accepted_counts = torch.zeros(batch_size, dtype=torch.long, device=device)
-    next_tokens = torch.zeros(batch_size, dtype=torch.long, device=device)
-    for params, rows in _row_groups(sampling):
-        index = None if rows is None else torch.tensor(rows, dtype=torch.long, device=device)
-        pick = _rows_picker(index)
-        output = verify_vocab_parallel(
-            method,
-            pick(target_logits),
-            pick(draft_ids),
-            pick(draft_probs),
-            pick(num_draft_tokens),
-            VerifyUniforms(eta=pick(uniforms.eta), u=pick(uniforms.u)),
-            params,
-            shard,
+
+    def verify_group(draft_ids, draft_probs, target_logits, num_draft_tokens, uniforms, params) -> VerifyOutput:
+        return verify_vocab_parallel(
+            method, target_logits, draft_ids, draft_probs, num_draft_tokens, uniforms, params, shard
         )
-        if index is None:
-            return output.accepted_counts, output.next_tokens
-        accepted_counts[index] = output.accepted_counts
-        next_tokens[index] = output.next_tokens
-    return accepted_counts, next_tokens
 
-
-def _row_groups(sampling: RowSampling) -> list:
-    """[(settings, rows)], rows None when every row shares the settings (no copies then)."""
-    shared = sampling.shared()
-    if shared is not None:
-        return [(shared, None)]
-    return sampling.groups()
-
-
-def _rows_picker(index: torch.Tensor | None):
-    def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if tensor is None or index is None:
-            return tensor
-        return tensor.index_select(0, index)
-
-    return pick
+    output = verify_by_row_groups(
+        sampling, verify_group, draft_ids, draft_probs, target_logits, num_draft_tokens.to(device), uniforms
+    )
+    return output.accepted_counts, output.next_tokens
