@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from scripts.common import (
     plot_lines,
     pyplot,
     read_bench_prompts,
+    run_grid_and_report,
     save_figure,
     save_results,
 )
@@ -311,17 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        if args.tiny:
-            from tests.jobs.fakes import save_tiny_pair
-
-            args.tiny_dirs = save_tiny_pair(work / "tiny")
-        start = time.perf_counter()
-        measurements = run_grid(args, work)
-        write_results(measurements, args)
-    print((Path(args.out) / "results.md").read_text())
-    print(f"{len(measurements)} runs in {time.perf_counter() - start:.0f} s -> {args.out}")
+    run_grid_and_report(args, run_grid, write_results)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,26 @@ def save_results(out: Path, measurements: list, rows: list[dict], text: str, plo
 # ----------------------------------------------------------------------------- jobs
 
 
+def run_grid_and_report(args, run_grid: Callable, write_results: Callable) -> None:
+    """A job benchmark's main body: run_grid(args, work) in a scratch directory (with the tiny pair
+    saved there under --tiny), write_results(measurements, args) to --out, then print the results."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.tiny:
+            from tests.jobs.fakes import save_tiny_pair
+
+            args.tiny_dirs = save_tiny_pair(work / "tiny")
+        start = time.perf_counter()
+        measurements = run_grid(args, work)
+        write_results(measurements, args)
+    print((Path(args.out) / "results.md").read_text())
+    print(f"{len(measurements)} runs in {time.perf_counter() - start:.0f} s -> {args.out}")
+
+
+
+
 def base_job(args, runtime: str, input_path: Path):
     """The JobConfig `python -m distributed_spec.generate` composes from conf/ (the default pair; with
     args.tiny the tiny pair in args.tiny_dirs; else model.dtype=args.dtype), local or Ray at TP = runtime[-1]."""
