@@ -13,16 +13,13 @@ The names below are imported on first use: distributed_spec.config imports confi
 pull torch, Ray and the coordinator in with this package.
 """
 
-__all__ = ["DraftBlock", "GroupFailure", "ParallelConfig", "RayCoordinator", "RuntimeTimings", "WireFormat"]
+from distributed_spec.lazy_exports import lazy_exports
 
+_EXPORTS = {
+    "config": ("ParallelConfig",),
+    "wire": ("DraftBlock", "WireFormat"),
+    "coordinator": ("GroupFailure", "RayCoordinator", "RuntimeTimings"),
+}
 
-def __getattr__(name: str):
-    if name == "ParallelConfig":
-        from distributed_spec.distributed import config as module
-    elif name in ("DraftBlock", "WireFormat"):
-        from distributed_spec.distributed import wire as module
-    elif name in ("GroupFailure", "RayCoordinator", "RuntimeTimings"):
-        from distributed_spec.distributed import coordinator as module
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(module, name)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -39,8 +39,7 @@ must not wait for transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from distributed_spec.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "config": (
@@ -61,15 +60,6 @@ _EXPORTS = {
     "speculative": ("SpeculativeEngine",),
     "steps": ("commit_draft", "commit_target", "propose", "sample_autoregressive", "score"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

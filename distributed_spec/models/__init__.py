@@ -29,8 +29,7 @@ distributed_spec.config imports them before the CLI has loaded torch.
 
 from __future__ import annotations
 
-import importlib
-
+from distributed_spec.lazy_exports import lazy_exports
 from distributed_spec.models.config import DERIVED_KINDS, MODEL_KINDS, ModelConfig, ModelSpec
 from distributed_spec.models.pair import ModelFacts, check_pair
 
@@ -51,7 +50,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LOADING:
-        return getattr(importlib.import_module("distributed_spec.models.loading"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"loading": _LOADING})
