@@ -1,12 +1,17 @@
 """What the goodput schedule chooses, step by step, in one real job on the default pair.
 
     python -m scripts.trace_goodput --batch-size 16 --temperature 0 --num-records 64
+    python -m scripts.trace_goodput --batch-size 16 --idle-draft --repeats 3 --no-trace
 
 The job is bench_throughput's (the same length-skewed records, bf16, local runtime, goodput up to
---max-draft-len). Each step prints the batch size, the g chosen, the predicted seconds T(B, g) and
-expected tokens per row of every g, the acceptance rates goodput chooses with (upper confidence
-bound) and their means, and the rows' mean own factor: what docs/RESULTS.md's diagnosis of goodput
-at B = 16 reads.
+--max-draft-len), run beside the autoregressive job on the same loaded pair, taking turns
+(--repeats times). Each goodput step prints the batch size, the g chosen, the predicted seconds
+T(B, g) and expected tokens per row of every g, the acceptance rates goodput chooses with (upper
+confidence bound) and their means, the rows' mean own factor, and the draft's debt as priced
+(c_catch x the sum of D_r / R_r: ms added per token a drafting step makes): what
+docs/RESULTS.md's diagnosis of goodput at B = 16 reads. --idle-draft adds a third job: goodput's
+choice replaced by g = 0 at every step, so the draft is loaded but never drafts; its tokens/s over
+the autoregressive job's is what merely having the draft costs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-records", type=int, default=64)
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--idle-draft", action="store_true", help="also run goodput held at g = 0")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-trace", action="store_true", help="print tokens/s only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -37,43 +45,68 @@ def main(argv: list[str] | None = None) -> None:
 
     trace = []
     choose_step = GoodputPolicy.choose_step
+    mode = {"idle": False}
 
-    def traced(policy: GoodputPolicy, rows, num_rows: int) -> int:
-        g = choose_step(policy, rows, num_rows)
+    def traced(policy: GoodputPolicy, rows, num_rows: int, debt_per_token: float = 0.0) -> int:
+        g = 0 if mode["idle"] else choose_step(policy, rows, num_rows, debt_per_token)
+        if mode["idle"]:
+            return g
         widths = range(policy.max_draft_len + 1)
         seconds = [policy.cost.predict(num_rows, width) for width in widths]
         tokens = [policy.expected_tokens(rows, width) / max(len(rows), 1) for width in widths]
         factor = sum(record.factor() for _, record in rows) / max(len(rows), 1)
-        trace.append((num_rows, g, seconds, tokens, policy.acceptance.rates(policy.optimism), policy.acceptance.rates(), factor))
+        # The draft's debt priced per token a drafting step makes (goodput.py: c_catch x sum D_r / R_r).
+        debt_ms = policy.catch_up.seconds_per_token * debt_per_token * 1e3
+        bound, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
+        trace.append((num_rows, g, seconds, tokens, bound, rates, factor, debt_ms))
         return g
 
     GoodputPolicy.choose_step = traced
+    results: dict[str, list[float]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_records(work / "records.jsonl", args.num_records)
         job = base_job(argparse.Namespace(tiny=False, dtype=args.dtype), "local", work / "records.jsonl")
-        verifier = Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=args.max_draft_len).verifier()
         job = replace(
             job,
-            verifier=verifier,
             sampling=replace(job.sampling, temperature=args.temperature),
             data=replace(job.data, batch_size=args.batch_size),
         )
-        summary = measure(build_generator(job), job, work / "out")
+        goodput = Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=args.max_draft_len)
+        autoregressive = Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1)
+        runs = [("autoregressive", autoregressive, False), ("goodput", goodput, False)]
+        if args.idle_draft:
+            runs.append(("goodput held at g = 0", goodput, True))
+        generator = build_generator(job)
+        for repeat in range(args.repeats):
+            for name, policy, idle in runs:
+                mode["idle"] = idle
+                if name == "goodput":
+                    trace.clear()  # the last repeat's steps are printed
+                out = work / f"out-{repeat}-{len(results[name])}-{idle}-{name[:4]}"
+                summary = measure(generator, replace(job, verifier=policy.verifier()), out)
+                results[name].append(summary["tokens_per_s"])
+                if name == "goodput":
+                    steps_per_g = summary.get("steps_per_draft_len")
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1e3:.1f}"
 
-    print("B  g  | T(B, g) ms per g | tokens per row per g | rates (bound) | rates (mean) | row factor")
-    for num_rows, g, seconds, tokens, bound, rates, factor in trace:
-        print(
-            f"{num_rows:<2} {g}  | {' '.join(ms(value) for value in seconds)} | "
-            f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in bound[:2])} | "
-            f"{' '.join(f'{r:.2f}' for r in rates[:2])} | {factor:.2f}"
-        )
-    steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)
-    print("steps per (B, g):", dict(sorted(steps.items())))
-    print(f"{summary['tokens_per_s']:.1f} tokens/s, steps per g {summary.get('steps_per_draft_len')}")
+    if not args.no_trace:
+        print("B  g  | T(B, g) ms per g | tokens per row per g | rates (bound) | rates (mean) | row factor | debt ms")
+        for num_rows, g, seconds, tokens, bound, rates, factor, debt_ms in trace:
+            print(
+                f"{num_rows:<2} {g}  | {' '.join(ms(value) for value in seconds)} | "
+                f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in bound[:2])} | "
+                f"{' '.join(f'{r:.2f}' for r in rates[:2])} | {factor:.2f} | {debt_ms:.1f}"
+            )
+        steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)
+        print("steps per (B, g):", dict(sorted(steps.items())))
+        print(f"goodput steps per g (last repeat): {steps_per_g}")
+    baseline = results["autoregressive"]
+    for name, values in results.items():
+        ratios = " ".join(f"{value / base:.2f}" for value, base in zip(values, baseline))
+        print(f"{name}: tokens/s {' '.join(f'{value:.1f}' for value in values)}; x autoregressive {ratios}")
 
 
 if __name__ == "__main__":

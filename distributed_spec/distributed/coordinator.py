@@ -349,6 +349,7 @@ class RayCoordinator:
                 sampling=plan.sampling,
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
+                catch_up=plan.next_g_guess > 0,
             )
             blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
         if model_g == 0:
@@ -386,6 +387,8 @@ class RayCoordinator:
             verify_s=result.verify_s,
             prefill_s=result.prefill_s,
             num_prefill_apart_tokens=result.num_prefill_apart_tokens,
+            catch_up_s=result.catch_up_s,
+            num_catch_up_tokens=result.num_catch_up_tokens,
             num_draft_calls=result.num_draft_calls,
             num_target_calls=result.num_target_calls,
         )

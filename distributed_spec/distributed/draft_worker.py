@@ -144,11 +144,16 @@ class DraftWorker:
         self.num_model_drafts = request.g
         if request.g == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
-            self.side.catch_up()
+            if request.catch_up:
+                self.side.catch_up()
             return (None,) * num_block_outputs(self.wire)
         if usable is not None:
             self.draft_ids = usable.draft_ids
             return self._for_shards(usable.block)
+        owed_before = self._owed_s()
+        catch_up_before = (self.side.catch_up_s, self.side.num_catch_up_tokens)
+        # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
+        self.side.catch_up()
         draft_ids, values, ids, num_drafted = propose_on_wire(
             self.runner,
             self.side.pending_ids,
@@ -167,7 +172,14 @@ class DraftWorker:
         self.draft_ids = draft_ids
         block = self._pack(draft_ids, values, ids, num_drafted, time.perf_counter() - start)
         block.discarded_ahead_s = discarded_ahead_s
+        block.owed_s = self._owed_s() - owed_before
+        block.catch_up_s = self.side.catch_up_s - catch_up_before[0]
+        block.num_catch_up_tokens = self.side.num_catch_up_tokens - catch_up_before[1]
         return self._for_shards(block)
+
+    def _owed_s(self) -> float:
+        """Seconds so far of forwards for work owed by earlier steps: prompts fed apart, catch-up."""
+        return self.runner.prefill_apart_s + self.side.catch_up_s
 
     def _for_shards(self, block: DraftBlock) -> tuple[DraftBlock, ...]:
         """Vocabulary-parallel verification: one block per shard with its slice of q. Otherwise the

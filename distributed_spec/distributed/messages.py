@@ -68,6 +68,9 @@ class DraftRequest:
     # serve (engine/proposers.py); the draft lays its own rows over them. None: no n-gram rows.
     ngram_ids: torch.Tensor | None = None
     from_ngram: torch.Tensor | None = None
+    # In a step without the draft (g = 0): whether the draft catches up now (the next step is
+    # expected to draft, StepPlan.next_g_guess) or stays idle until it drafts again.
+    catch_up: bool = True
 
 
 @dataclass
@@ -97,6 +100,10 @@ class StepResult:
     num_target_calls: int = 0
     # Seconds of a discarded block drafted ahead (from the block).
     discarded_ahead_s: float = 0.0
-    # Rank 0's prompt forwards for joining rows run apart in this step: seconds and prompt tokens.
+    # Rank 0's prompt forwards for joining rows run apart in this step, seconds and prompt tokens; the
+    # seconds include the draft's work owed by earlier steps (DraftBlock.owed_s).
     prefill_s: float = 0.0
     num_prefill_apart_tokens: int = 0
+    # The draft's catch-up in this step (from the block): seconds and tokens fed.
+    catch_up_s: float = 0.0
+    num_catch_up_tokens: int = 0

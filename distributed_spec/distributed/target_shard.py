@@ -168,7 +168,9 @@ class TargetShard:
             num_draft_calls=block.num_draft_calls,
             num_target_calls=self.runner.num_forward_calls,
             discarded_ahead_s=block.discarded_ahead_s,
-            prefill_s=self.runner.prefill_apart_s - prefill_before[0],
+            prefill_s=self.runner.prefill_apart_s - prefill_before[0] + block.owed_s,
+            catch_up_s=block.catch_up_s,
+            num_catch_up_tokens=block.num_catch_up_tokens,
             num_prefill_apart_tokens=self.runner.num_prefill_apart_tokens - prefill_before[1],
         )
 

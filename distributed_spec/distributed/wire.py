@@ -75,6 +75,13 @@ class DraftBlock:
     num_draft_calls: int = 0
     # Seconds spent on a block drafted ahead and then discarded just before this one (overlap miss).
     discarded_ahead_s: float = 0.0
+    # Seconds of the draft's forwards in this step for work owed by earlier steps, not the block's:
+    # joining rows' prompts fed apart and catch-up (engine/sides.py); the goodput schedule takes
+    # them off the step, as the local runtime does.
+    owed_s: float = 0.0
+    # Of those, the catch-up's: seconds and tokens fed (for the goodput schedule's price of it).
+    catch_up_s: float = 0.0
+    num_catch_up_tokens: int = 0
     # A vocabulary slice of a dense q (`vocab_slices`): probs_values holds ids [vocab_start, vocab_end)
     # only, and probs_sums [B, g] float32 the whole rows' sums that decode_probs divides by (None:
     # float32 q, which is not renormalised). vocab_end None: the block holds every id.
@@ -97,6 +104,9 @@ class DraftBlock:
             from_overlap=self.from_overlap,
             num_draft_calls=self.num_draft_calls,
             discarded_ahead_s=self.discarded_ahead_s,
+            owed_s=self.owed_s,
+            catch_up_s=self.catch_up_s,
+            num_catch_up_tokens=self.num_catch_up_tokens,
         )
 
     @property

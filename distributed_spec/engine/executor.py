@@ -92,9 +92,13 @@ class StepOutcome:
     target_s: float = 0.0
     verify_s: float = 0.0
     # Seconds and prompt tokens of the forwards that fed joining rows apart from the block
-    # (ModelRunner.prefill_apart_s: target and draft; the Ray runtime reports the target's).
+    # (ModelRunner.prefill_apart_s: target and draft) and of the draft's catch-up forwards
+    # (DraftSide.catch_up_s): work owed by earlier steps, which the goodput schedule takes off.
     prefill_s: float = 0.0
     num_prefill_apart_tokens: int = 0
+    # The draft's catch-up forwards in this step (already in prefill_s): seconds and tokens fed.
+    catch_up_s: float = 0.0
+    num_catch_up_tokens: int = 0
     # Draft forward calls so far (cumulative) and target forward calls so far.
     num_draft_calls: int = 0
     num_target_calls: int = 0
@@ -230,6 +234,8 @@ class LocalExecutor:
         num_model_drafts = plan.num_model_drafts
         if num_model_drafts > 0:
             with watch.section("draft"):
+                # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
+                draft.catch_up()
                 draft_ids, draft_probs, num_drafted = draft.propose(
                     num_model_drafts,
                     plan.sampling,
@@ -243,7 +249,9 @@ class LocalExecutor:
                 num_drafted = torch.where(plan.from_ngram.to(self.device), num_draft_tokens, num_drafted)
             num_draft_tokens = torch.minimum(num_draft_tokens, num_drafted)
             num_model_drafts = draft_ids.shape[1]
-        elif draft is not None:
+        elif draft is not None and plan.next_g_guess > 0:
+            # Only when the next step is expected to draft: a run of autoregressive steps (goodput at a
+            # large batch) leaves the draft idle, and a row that finishes before drafting never pays.
             with watch.section("draft"):
                 draft.catch_up()
         if plan.from_ngram is not None and plan.g > 0:
@@ -274,26 +282,33 @@ class LocalExecutor:
                 )
         return self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
 
-    def _prefill_counters(self) -> tuple[float, int]:
-        """(seconds, target prompt tokens) fed apart so far, both models' seconds together."""
-        runners = [self.target.runner] + ([self.active_draft.runner] if self.active_draft is not None else [])
-        return sum(runner.prefill_apart_s for runner in runners), self.target.runner.num_prefill_apart_tokens
+    def _prefill_counters(self) -> tuple[float, int, float, int]:
+        """Work owed by earlier steps so far: (seconds, target prompt tokens) fed apart, both models'
+        prompt forwards apart and the draft's catch-up forwards (sides.DraftSide.catch_up) together,
+        then the catch-up's own (seconds, tokens)."""
+        seconds, catch_up_s, num_catch_up_tokens = self.target.runner.prefill_apart_s, 0.0, 0
+        if self.active_draft is not None:
+            catch_up_s, num_catch_up_tokens = self.active_draft.catch_up_s, self.active_draft.num_catch_up_tokens
+            seconds += self.active_draft.runner.prefill_apart_s + catch_up_s
+        return seconds, self.target.runner.num_prefill_apart_tokens, catch_up_s, num_catch_up_tokens
 
     def _outcome(
         self,
         watch: _Stopwatch,
-        prefill_before: tuple[float, int],
+        prefill_before: tuple[float, int, float, int],
         accepted_counts: torch.Tensor,
         next_tokens: torch.Tensor,
         draft_ids: torch.Tensor,
         num_draft_tokens: torch.Tensor,
     ) -> StepOutcome:
-        prefill_s, num_prefill_tokens = (
+        prefill_s, num_prefill_tokens, catch_up_s, num_catch_up_tokens = (
             now - before for now, before in zip(self._prefill_counters(), prefill_before)
         )
         return StepOutcome(
             prefill_s=prefill_s,
             num_prefill_apart_tokens=int(num_prefill_tokens),
+            catch_up_s=catch_up_s,
+            num_catch_up_tokens=int(num_catch_up_tokens),
             # Host copies: the scheduler reads the tokens to finish rows (EOS, stop strings, length).
             accepted_counts=accepted_counts.cpu(),
             next_tokens=next_tokens.cpu(),

@@ -26,6 +26,15 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
   row's expected tokens, and one g per step is the whole decision.
+- The draft's debt: the draft does not run in g = 0 steps, so it falls behind (rows that joined,
+  tokens kept since it last ran) and catches up before it next drafts (sides.DraftSide.catch_up).
+  That catch-up is timed apart (the cells stay the steps' own cost) and priced here instead: a
+  row's debt D_r (draft tokens owed) is paid once and lets it draft for its remaining R_r tokens,
+  so each token it makes carries D_r / R_r of it. A drafting step therefore costs
+  T(B, g) + c_catch x sum_r D_r E_r(g) / R_r, with c_catch the measured seconds per catch-up token
+  (`CatchUpCost`). Without it a large batch that decodes without the draft paid a whole batch's
+  prompts through the draft at each exploration step, and a row near its end paid for its whole
+  prompt to draft its last few tokens.
 - Exploration: a g never measured is tried first (a few steps at start-up: the probe), climbing
   from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
   steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
@@ -141,6 +150,25 @@ class StepCostModel:
         return base * self.seconds(self.cells[(num_rows, anchor)]) / self.seconds(self.cells[(nearest, anchor)])
 
 
+class CatchUpCost:
+    """c_catch: seconds per token the draft feeds when it catches up (decayed sums of measured
+    catch-ups; 0 until one is seen)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self._seconds = 0.0
+        self._tokens = 0.0
+
+    def observe(self, seconds: float, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._seconds = self.decay * self._seconds + seconds
+            self._tokens = self.decay * self._tokens + num_tokens
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self._seconds / self._tokens if self._tokens > 0 else 0.0
+
+
 class AcceptanceEstimate:
     """Decayed counts per draft position i: rows that verified position i, rows that kept it."""
 
@@ -204,8 +232,10 @@ class GoodputPolicy:
     # Standard errors added to the acceptance rates when choosing (AcceptanceEstimate.rates).
     optimism: float = 1.0
     cost: StepCostModel = field(default_factory=StepCostModel)
+    catch_up: CatchUpCost = field(default_factory=CatchUpCost)
     acceptance: AcceptanceEstimate | None = None
     num_steps: int = 0
+    _debt_per_token: float = 0.0
     # The g of the last exploitation step (the neighbour exploration moves around it).
     best: int = 0
 
@@ -226,16 +256,25 @@ class GoodputPolicy:
             total += 1.0 + min(float(num_drafts), record.factor() * cumulative[num_drafts])
         return total
 
-    def goodput(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> float | None:
+    def goodput(
+        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, debt_per_token: float = 0.0
+    ) -> float | None:
+        """Expected tokens per second of a g step; debt_per_token: sum over rows of D_r / R_r."""
         seconds = self.cost.predict(num_rows, g)
         if seconds is None:
             return None
-        return self.expected_tokens(rows, g) / max(seconds, 1e-9)
+        tokens = self.expected_tokens(rows, g)
+        if g > 0 and rows:
+            # The rows' share of the draft's catch-up (module docstring), E_r taken as the mean.
+            seconds += self.catch_up.seconds_per_token * debt_per_token * tokens / len(rows)
+        return tokens / max(seconds, 1e-9)
 
-    def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int) -> int:
+    def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, debt_per_token: float = 0.0) -> int:
         """The step's g. rows: (draft tokens the row may verify, its record) per decoding row;
-        num_rows: rows in the forward (decoding or not)."""
+        num_rows: rows in the forward (decoding or not); debt_per_token: sum over the decoding rows of
+        (draft tokens the row owes) / (tokens it has left), the draft's debt (module docstring)."""
         self.num_steps += 1
+        self._debt_per_token = debt_per_token
         if not rows:
             return 0
         longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
@@ -250,7 +289,7 @@ class GoodputPolicy:
                 candidates = candidates[:g]
                 break
             return g
-        scores = {g: self.goodput(rows, num_rows, g) for g in candidates}
+        scores = {g: self.goodput(rows, num_rows, g, debt_per_token) for g in candidates}
         best = max(candidates, key=lambda g: (scores[g], -g))
         self.best = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
@@ -270,7 +309,8 @@ class GoodputPolicy:
 
     def _rising(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> bool:
         """Whether goodput rises from g - 1 to g (both known)."""
-        upper, lower = self.goodput(rows, num_rows, g), self.goodput(rows, num_rows, g - 1)
+        debt = self._debt_per_token
+        upper, lower = self.goodput(rows, num_rows, g, debt), self.goodput(rows, num_rows, g - 1, debt)
         return upper is not None and lower is not None and upper >= lower
 
     def _last_measured(self, num_rows: int):
@@ -283,6 +323,10 @@ class GoodputPolicy:
     def observe_step(self, num_rows: int, g: int, seconds: float, num_prefill_tokens: int = 0) -> None:
         """Wall-clock seconds of a step; num_prefill_tokens: the prompt tokens it fed."""
         self.cost.observe(num_rows, g, seconds, self.num_steps, num_prefill_tokens)
+
+    def observe_catch_up(self, seconds: float, num_tokens: int) -> None:
+        """A step's catch-up forwards of the draft: seconds and the tokens they fed."""
+        self.catch_up.observe(seconds, num_tokens)
 
     def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
         self.acceptance.observe(num_draft_tokens, accepted_counts)

@@ -113,6 +113,9 @@ class Request:
     # The draft tokens it verifies next under the "adaptive" schedule.
     num_draft_tokens: int = 0
     acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+    # Tokens of its sequence the draft model has not fed yet (it idles in steps without a draft and
+    # catches up before it next drafts): what the goodput schedule prices drafting for this row at.
+    draft_lag: int = 0
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
@@ -232,6 +235,7 @@ class Scheduler:
             request.sampling = self.config.sampling.params
         self._stop_checker(request)
         request.num_prompt_left = len(request.prompt_ids) + len(request.output) - 1
+        request.draft_lag = request.num_prompt_left
         if not request.num_draft_tokens:
             request.num_draft_tokens = self.config.verifier.num_draft_tokens
 
@@ -265,7 +269,13 @@ class Scheduler:
             candidates = [
                 (limit, request.acceptance) for request, limit, on in zip(rows, max_drafts, decoding) if on
             ]
-            scheduled_num_draft_tokens = [self.goodput.choose_step(candidates, len(rows))] * len(rows)
+            debt_per_token = 0.0
+            if config.verifier.uses_draft_model:
+                debt_per_token = sum(
+                    request.draft_lag / max(request.remaining, 1) for request, on in zip(rows, decoding) if on
+                )
+            g = self.goodput.choose_step(candidates, len(rows), debt_per_token)
+            scheduled_num_draft_tokens = [g] * len(rows)
         elif config.verifier.draft_len_schedule == "adaptive":
             scheduled_num_draft_tokens = [request.num_draft_tokens for request in rows]
         else:
@@ -337,8 +347,13 @@ class Scheduler:
         decoding = plan.decoding.tolist()
         from_ngram = plan.from_ngram.tolist() if plan.from_ngram is not None else [False] * len(rows)
         chunk = self.config.scheduling.prefill_chunk_tokens
+        # Whether the draft model fed every row's sequence in this step (it drafted, or caught up
+        # ahead of a drafting step: executor.py); otherwise it fell behind by the tokens kept.
+        draft_in_step = plan.num_model_drafts > 0 or plan.next_g_guess > 0
         finished = []
         for index, request in enumerate(rows):
+            if draft_in_step:
+                request.draft_lag = 0
             if not decoding[index]:
                 request.num_prompt_left -= chunk
                 continue
@@ -358,6 +373,8 @@ class Scheduler:
             if self.config.verifier.draft_len_schedule == "adaptive":
                 request.num_draft_tokens = next_draft_length(request.num_draft_tokens, tau, num_drafts, self.config.verifier.max_draft_len)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
+            if not draft_in_step:
+                request.draft_lag += len(emitted)
             num_before = len(request.output)
             request.finish_reason = self._stop_checker(request).append(request.output, emitted, request.budget)
             stats.num_tokens += len(request.output) - num_before
@@ -395,6 +412,7 @@ class Scheduler:
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
+        self.goodput.observe_catch_up(outcome.catch_up_s, outcome.num_catch_up_tokens)
         # Prompt forwards run apart were timed: their seconds come off the step; the rest of the
         # prompt tokens' cost is fitted (StepCostModel).
         self.goodput.observe_step(

@@ -21,6 +21,7 @@ from n-grams, proposers.py). Pending tokens are right-aligned: the last column i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -85,6 +86,9 @@ class DraftSide:
         self.pending_ids = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self.pending_mask = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self.last_ids = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+        # Seconds and tokens of catch-up forwards so far (cumulative, net of prompt forwards apart).
+        self.catch_up_s = 0.0
+        self.num_catch_up_tokens = 0
 
     def update_rows(self, keep_rows: torch.Tensor | None, new_prompts: list[list[int]]) -> None:
         """Drop the rows not in keep_rows ([B'] long, None keeps all), then append new_prompts' rows."""
@@ -202,15 +206,24 @@ class DraftSide:
         self.pending_ids, self.pending_mask = ids, mask
         self._trim_pending()
 
-    def catch_up(self, max_pending: int = 8) -> bool:
-        """In a step without a draft: feed the draft what it lags behind (staged prompts, pending
-        tokens but each row's Y) in one forward, when a row has staged prompt tokens or the pending
-        input is longer than max_pending. Keeps the next drafting step as cheap as any other, instead
-        of paying for every token since the draft last ran. Returns whether it ran."""
-        if not any(self.runner.num_staged_tokens()) and self.pending_ids.shape[1] <= max_pending:
-            return False
+    def lags(self, max_pending: int = 8) -> bool:
+        """Whether the draft is behind by more than a step's pending input: a row has staged prompt
+        tokens, or the pending input is longer than max_pending (autoregressive steps since it ran)."""
         if self.runner.batch_size == 0:
             return False
+        return any(self.runner.num_staged_tokens()) or self.pending_ids.shape[1] > max_pending
+
+    def catch_up(self, max_pending: int = 8) -> bool:
+        """Feed the draft what it lags behind (staged prompts, pending tokens but each row's Y) in one
+        forward, when it `lags`. Called before a drafting step that would otherwise feed it all in its
+        first forward, or in a step without a draft when the next one is expected to draft. Its seconds
+        (net of the runner's own prompt forwards apart, already counted there) add to `catch_up_s`:
+        the goodput schedule takes them off the step, as it does prompt forwards. Returns whether it ran."""
+        if not self.lags(max_pending):
+            return False
+        runner = self.runner
+        start, apart_before = time.perf_counter(), (runner.prefill_apart_s, runner.num_prefill_apart_tokens)
+        num_staged = sum(runner.num_staged_tokens())
         columns = torch.arange(self.pending_mask.shape[1], device=self.device)
         # Each row's last real pending token is its Y: it stays pending (the next proposal feeds it).
         last = (self.pending_mask * (columns + 1)).argmax(dim=1)  # [B]
@@ -220,6 +233,12 @@ class DraftSide:
         # Roll back nothing: every fed token is kept; only Y is pending now.
         self.pending_ids = self.last_ids[:, None].clone()
         self.pending_mask = torch.ones_like(self.pending_ids)
+        if self.device.type == "cuda":
+            # Host sync: the clock must see the forward run, not its launch.
+            torch.cuda.synchronize(self.device)
+        self.catch_up_s += time.perf_counter() - start - (runner.prefill_apart_s - apart_before[0])
+        num_fed = num_staged + int(input_mask.sum())
+        self.num_catch_up_tokens += num_fed - (runner.num_prefill_apart_tokens - apart_before[1])
         return True
 
     def _trim_pending(self) -> None:

@@ -97,3 +97,21 @@ def test_a_stale_cell_follows_the_drift_of_the_exploited_one():
         model.observe(16, 0, 0.060 * (1.0 + (step - 4) / 100), step=step)
     assert abs(model.predict(16, 1) / model.predict(16, 0) - 1.5) < 0.1
     assert abs(model.predict(16, 0) - 0.119) < 0.01
+
+
+def test_the_drafts_debt_is_priced_per_token_the_rows_have_left():
+    """At B = 4 where g = 1 pays (T(4, 1) / T(4, 0) = 1.2 against ~1.45 tokens per row), a draft that
+    owes each row its 200-token prompt is worth catching up for rows with 400 tokens to go, not for
+    rows with 2 left: the debt's share of a step is c_catch x sum_r D_r E_r / R_r."""
+    policy = GoodputPolicy(max_draft_len=1, optimism=0.0)
+    for _ in range(4):
+        policy.observe_step(4, 0, 0.050)
+        policy.observe_step(4, 1, 0.060)
+    policy.observe_acceptance([1] * 40, [1] * 18 + [0] * 22)
+    # Measured catch-ups: 2000 draft tokens in 0.1 s (50 us each).
+    policy.observe_catch_up(0.1, 2000)
+    assert abs(policy.catch_up.seconds_per_token - 5e-5) < 1e-12
+    rows = [(8, RowAcceptance()) for _ in range(4)]
+    assert policy.choose_step(rows, 4) == 1
+    assert policy.choose_step(rows, 4, debt_per_token=4 * 200 / 400) == 1
+    assert policy.choose_step(rows, 4, debt_per_token=4 * 200 / 2) == 0

@@ -145,3 +145,49 @@ def test_single_token_prompts_decode_like_the_baseline(tiny_pair):
     ).generate_with_stats(prompts)
     assert [result.token_ids for result in results] == [result.token_ids for result in expected]
     assert stats.num_tokens == 30
+
+
+def test_the_draft_idles_through_autoregressive_steps_and_catches_up_exactly(
+    tiny_pair, autoregressive_outputs, monkeypatch
+):
+    """goodput at g = 0 leaves the draft idle (no forward); when a later step drafts, the draft first
+    feeds what it missed (rows that joined meanwhile included) and greedy output is unchanged."""
+    from distributed_spec.engine.goodput import GoodputPolicy
+
+    # Steps 1-8 and 13-20 autoregressive, the others g = 3: long debts, rows joining in between.
+    pattern = [0] * 8 + [3] * 4 + [0] * 8 + [3] * 100
+
+    debts = []
+
+    def scripted(self, rows, num_rows, debt_per_token=0.0):
+        self.num_steps += 1
+        debts.append(debt_per_token)
+        return pattern[self.num_steps - 1]
+
+    monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)
+    target, draft = tiny_pair
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=3),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        max_batch_size=2,
+    )
+    engine = SpeculativeEngine(target, draft, config)
+    draft_calls = []
+    execute = engine.executor.execute
+
+    def counting_execute(plan):
+        outcome = execute(plan)
+        draft_calls.append((plan.g, engine.executor.draft.runner.num_forward_calls))
+        return outcome
+
+    engine.executor.execute = counting_execute
+    results = engine.generate(PROMPTS[4])
+    assert [result.token_ids for result in results] == [result.token_ids for result in autoregressive_outputs[4]]
+    # No draft forward in the autoregressive steps; catch-up forwards ran and were timed apart.
+    calls = [count for _, count in draft_calls]
+    assert calls[:8] == [0] * 8 and calls[12:20] == [calls[11]] * 8
+    assert engine.executor.draft.catch_up_s > 0
+    # The debt goodput is offered: the prompts at first, one more token per row and step without the
+    # draft (and one fewer token left), nothing once the draft has drafted (no row has joined since).
+    assert debts[0] > 0 and all(later > earlier for earlier, later in zip(debts[:8], debts[1:8]))
+    assert debts[9] == 0

@@ -206,9 +206,9 @@ def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, proposer):
     choose_step = scheduler.goodput.choose_step
     original_plan = scheduler._plan
 
-    def recording_choose(rows, num_rows):
+    def recording_choose(rows, num_rows, debt_per_token=0.0):
         offered.append([limit for limit, _ in rows])
-        return choose_step(rows, num_rows)
+        return choose_step(rows, num_rows, debt_per_token)
 
     def recording_plan(rows, keep_rows, joining):
         plan = original_plan(rows, keep_rows, joining)
