@@ -128,11 +128,7 @@ class JobConfig:
             "verifier=greedy matches argmax tokens and needs sampling.temperature=0; "
             "set sampling.temperature=0 or use verifier=block",
         )
-        require(
-            self.verifier.num_paths == 1 or self.parallel.runtime == "local",
-            f"verifier.num_paths={self.verifier.num_paths} runs in parallel.runtime=local only for now; "
-            "set verifier.num_paths=1 or parallel=local",
-        )
+        self.parallel.require_paths_supported(self.verifier.num_paths)
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig | dict[str, Any]) -> JobConfig:

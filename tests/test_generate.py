@@ -80,7 +80,7 @@ def test_sample_prompts_are_valid_and_varied():
         (["verifier=token", "verifier.num_paths=2"], "verifier.num_paths"),
         (["verifier=autoregressive", "verifier.num_paths=2"], "verifier.num_paths"),
         (["verifier.num_paths=2", "verifier.draft_confidence_threshold=0.2"], "verifier.num_paths"),
-        (["parallel=ray", "verifier.num_paths=2"], "verifier.num_paths"),
+        (["parallel=ray", "parallel.verify=vocab_parallel", "verifier.num_paths=2"], "parallel.verify"),
     ],
 )
 def test_bad_configuration_names_the_key(overrides, key):

@@ -182,6 +182,19 @@ class ParallelConfig:
             "parallel.runtime=local runs one; set parallel=ray (or parallel.verify=gather)",
         )
 
+    def require_paths_supported(self, num_paths: int) -> None:
+        """Raise ConfigError unless verifier.num_paths = num_paths runs with these settings.
+
+        K > 1 paths need parallel.verify=gather: rank 0 verifies the K paths of a row on the full
+        target logits (verify_paths, docs/design.md section 7), and that rule has no vocabulary-
+        parallel form: each stage's residual T' and its prefix tests between paths need the whole
+        distribution, where verify_parallel's collectives cover one path's block per row."""
+        require(
+            num_paths == 1 or self.verify == "gather",
+            f"verifier.num_paths={num_paths} verifies its paths on the full logits and does not run with "
+            f"parallel.verify={self.verify}; set parallel.verify=gather or verifier.num_paths=1",
+        )
+
     # ---- device and backend, resolved once ------------------------------------------------------
 
     @property

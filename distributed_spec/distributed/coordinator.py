@@ -18,6 +18,10 @@ statistics); this class only runs each planned step on the actors (docs/design.m
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
+With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
+[B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
+the verified path (engine/multipath_step.py's halves), and rank 0's StepResult names the kept path
+(path_indices), which the draft keeps at its next `step`; nothing is drafted ahead.
 n-gram blocks (engine/proposers.py) come from the scheduler: with verifier.proposer=ngram, or in a
 step where every proposing row has a match, the coordinator builds the block itself (step 1 only
 applies the verdict and the row changes); with model+ngram the draft actor lays its own rows over
@@ -143,7 +147,7 @@ class RayCoordinator:
                 f"verifier.method={config.verifier.method!r} with verifier.proposer={config.verifier.proposer!r} needs a draft "
                 "model; set verifier.proposer=ngram (no draft model) or verifier.method=autoregressive"
             )
-        _require_one_path(config)
+        runtime.require_paths_supported(config.verifier.num_paths)
         self.config = config
         self.runtime = runtime
         self.tokenizer = tokenizer
@@ -249,7 +253,8 @@ class RayCoordinator:
 
     def scheduler(self, tokenizer=None) -> Scheduler:
         """The engine's scheduler with this runtime as its executor (`run` streams requests)."""
-        _require_one_path(self.config)  # (a job may have reconfigured it)
+        # (a job may have reconfigured them)
+        self.runtime.require_paths_supported(self.config.verifier.num_paths)
         self.start()
         scheduler = Scheduler(self.config, self, tokenizer or self.tokenizer)
         scheduler.on_step = self._on_step
@@ -345,11 +350,12 @@ class RayCoordinator:
                 new_prompts=plan.new_prompts,
                 decoding=plan.decoding,
                 g=model_g,
-                draft_uniforms=plan.draft_uniforms[:, :model_g],
+                draft_uniforms=plan.draft_uniforms[..., :model_g],  # [B, g] or [B, K, g]
                 sampling=plan.sampling,
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
                 catch_up=plan.next_g_guess > 0,
+                num_paths=plan.num_paths,
             )
             blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
         if model_g == 0:
@@ -366,9 +372,11 @@ class RayCoordinator:
         ]
         if draft is not None:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
-            # Drafting ahead assumes the draft drafted every row's block (no n-gram rows).
+            # Drafting ahead assumes the draft drafted every row's block (no n-gram rows), one path per
+            # row (it continues the block being verified; a K-path step keeps its path only then).
             model_only = plan.from_ngram is None or not bool(plan.from_ngram.any())
-            if self.runtime.overlap and model_g > 0 and plan.next_g_guess > 0 and same_rows and model_only:
+            ahead = model_g > 0 and plan.next_g_guess > 0 and same_rows and model_only and plan.num_paths == 1
+            if self.runtime.overlap and ahead:
                 draft.propose_ahead.remote(plan.next_g_guess)
             draft.commit.remote(result_refs[0])
         self._step_refs = result_refs
@@ -462,14 +470,6 @@ class RayCoordinator:
                 # Host sync: raises RayActorError at once when this ref's actor died.
                 ray.get(ref)
         return ray.get(refs)
-
-
-def _require_one_path(config: EngineConfig) -> None:
-    if config.verifier.num_paths > 1:
-        raise ValueError(
-            f"verifier.num_paths={config.verifier.num_paths}: multi-path drafting runs in the local runtime only "
-            "(verifier.num_paths=1 with parallel=ray)"
-        )
 
 
 def shard_block(blocks: list, rank: int, wire: WireFormat):

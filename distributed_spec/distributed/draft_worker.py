@@ -2,7 +2,9 @@
 
 It wraps the single-process engine's draft side (engine/sides.py): `step` applies the last verdict
 and the step's row changes, then draws X_1..X_g (or nothing, in a step without a draft); `commit`
-hands it rank 0's verdict, applied at the next `step`. Two additions, both exact:
+hands it rank 0's verdict, applied at the next `step`. With verifier.num_paths = K > 1 `step` draws
+K paths per row (engine/multipath_step.py propose_paths: the side stays forked to B*K rows) and the
+verdict's kept path folds it back to B rows (commit_draft_paths). Two additions, both exact:
 - the draft samples from q as it will be decoded by the verifier (wire.py: reduced precision or
   top-k), so the verifier reads exactly the distribution the draft sampled from;
 - `propose_ahead` (parallel.overlap): while the shards verify block k, the draft feeds X_g, guesses
@@ -30,12 +32,36 @@ from distributed_spec.distributed.wire import (
     num_block_outputs,
     sample_view,
 )
+from distributed_spec.engine.multipath_step import commit_draft_paths, propose_paths
 from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_mass_probs
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
 from distributed_spec.engine.steps import propose
 from distributed_spec.models.pair import ModelFacts
 from distributed_spec.verify import RowSampling, logits_to_probs, sample_from_probs
+
+
+class WireSampler:
+    """`to_sampled` of a proposal (engine.steps.propose): the draft samples each q_i as the verifier
+    will decode it (wire.sample_view), and the wire form of every q_i is kept for the block."""
+
+    def __init__(self, wire: WireFormat) -> None:
+        self.wire = wire
+        self.values: list[torch.Tensor] = []  # per position: [rows, V or k] in the wire dtype
+        self.ids: list[torch.Tensor | None] = []  # per position: [rows, k] int32 or None (dense)
+
+    def __call__(self, probs: torch.Tensor) -> torch.Tensor:
+        sampled_probs, values, ids = sample_view(probs, self.wire)
+        self.values.append(values)
+        self.ids.append(ids)
+        return sampled_probs
+
+    def stacked(self, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The wire form of the q that drew draft_ids ([B, g'], or [B, K, g'] whose paths were
+        sampled as rows b*K + k): values [*draft_ids.shape, V or k], ids [*draft_ids.shape, k] or None."""
+        values = torch.stack(self.values, dim=1).view(*draft_ids.shape, -1)
+        ids = None if self.ids[0] is None else torch.stack(self.ids, dim=1).view(*draft_ids.shape, -1)
+        return values, ids
 
 
 def propose_on_wire(
@@ -57,19 +83,11 @@ def propose_on_wire(
         draft_ids [B, g'] long, probs values [B, g', V or k] (wire dtype), probs ids [B, g', k] or
         None, num_drafted [B] long (g' <= g and num_drafted < g' only with a confidence stop).
     """
-    values, ids = [], []
-
-    def to_sampled(probs: torch.Tensor) -> torch.Tensor:
-        sampled_probs, step_values, step_ids = sample_view(probs, wire)
-        values.append(step_values)
-        ids.append(step_ids)
-        return sampled_probs
-
+    sampler = WireSampler(wire)
     draft_ids, _, num_drafted = propose(
-        draft, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms, to_sampled, confidence_threshold
+        draft, draft_input_ids, draft_input_mask, g, sampling, draft_uniforms, sampler, confidence_threshold
     )
-    stacked_ids = None if ids[0] is None else torch.stack(ids, dim=1)
-    return draft_ids, torch.stack(values, dim=1), stacked_ids, num_drafted
+    return draft_ids, *sampler.stacked(draft_ids), num_drafted
 
 
 @dataclass
@@ -122,7 +140,8 @@ class DraftWorker:
         self.wire = settings.wire
         self.confidence_threshold = settings.draft_confidence_threshold
         self.side.reset()
-        self.draft_ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, g] being verified
+        # [B, g] or [B, K, g]: the block being verified.
+        self.draft_ids = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.decoding = torch.zeros(0, dtype=torch.bool, device=self.device)  # [B] of that step
         self.sampling = RowSampling(())  # each row's settings in that step
         # That step's n-gram rows ([B] bool, None: none) and the tokens this draft drafted in it.
@@ -154,17 +173,8 @@ class DraftWorker:
         catch_up_before = (self.side.catch_up_s, self.side.num_catch_up_tokens)
         # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
         self.side.catch_up()
-        draft_ids, values, ids, num_drafted = propose_on_wire(
-            self.runner,
-            self.side.pending_ids,
-            self.side.pending_mask * self.decoding[:, None].long(),
-            request.g,
-            request.sampling,
-            request.draft_uniforms,
-            self.wire,
-            self.confidence_threshold,
-        )
-        self.num_model_drafts = draft_ids.shape[1]
+        draft_ids, values, ids, num_drafted = self._propose(request)
+        self.num_model_drafts = draft_ids.shape[-1]
         if self.from_ngram is not None:
             draft_ids, values, ids, num_drafted = self._with_ngram_rows(
                 request.ngram_ids.to(self.device), draft_ids, values, ids, num_drafted
@@ -180,6 +190,40 @@ class DraftWorker:
     def _owed_s(self) -> float:
         """Seconds so far of forwards for work owed by earlier steps: prompts fed apart, catch-up."""
         return self.runner.prefill_apart_s + self.side.catch_up_s
+
+    def _propose(
+        self, request: DraftRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The step's block from each row's pending input, q sampled as it goes on the wire.
+
+        Returns:
+            draft_ids [B, g'] (one path) or [B, K, g] (request.num_paths = K > 1, the side left forked
+            to B*K rows until the verdict comes: engine/multipath_step.py), q's values and ids in
+            the same leading shape (WireSampler.stacked), num_drafted [B] long (None: K > 1, never
+            a confidence stop).
+        """
+        sampler = WireSampler(self.wire)
+        if request.num_paths > 1:
+            draft_ids, _ = propose_paths(
+                self.side,
+                request.g,
+                request.num_paths,
+                request.sampling,
+                request.draft_uniforms,
+                self.decoding,
+                sampler,
+            )
+            num_drafted = None
+        else:
+            draft_ids, _, num_drafted = self.side.propose(
+                request.g,
+                request.sampling,
+                request.draft_uniforms,
+                self.decoding,
+                sampler,
+                self.confidence_threshold,
+            )
+        return draft_ids, *sampler.stacked(draft_ids), num_drafted
 
     def _for_shards(self, block: DraftBlock) -> tuple[DraftBlock, ...]:
         """Vocabulary-parallel verification: one block per shard with its slice of q. Otherwise the
@@ -258,7 +302,17 @@ class DraftWorker:
         if result is not None:
             accepted_counts = result.accepted_counts.to(self.device)  # [B]
             next_tokens = result.next_tokens.to(self.device)  # [B]
-            if ahead is None:
+            if result.path_indices is not None:
+                # A K-path step: the side is still forked to B*K rows (no block is drafted ahead).
+                commit_draft_paths(
+                    self.side,
+                    self.draft_ids,
+                    accepted_counts,
+                    next_tokens,
+                    result.path_indices,
+                    self.decoding,
+                )
+            elif ahead is None:
                 if self.from_ngram is None:
                     self.side.commit(self.draft_ids, accepted_counts, next_tokens, self.decoding)
                 else:
@@ -297,7 +351,7 @@ class DraftWorker:
         draft_ids: torch.Tensor,
         values: torch.Tensor,
         ids: torch.Tensor | None,
-        num_drafted: torch.Tensor,
+        num_drafted: torch.Tensor | None,
         draft_s: float,
     ) -> DraftBlock:
         send = self.wire.send_probs
@@ -307,7 +361,7 @@ class DraftWorker:
             probs_values=values.cpu() if send else None,
             probs_ids=ids.cpu() if send and ids is not None else None,
             vocab_size=self.runner.vocab_size,
-            num_drafted=num_drafted.cpu(),
+            num_drafted=None if num_drafted is None else num_drafted.cpu(),
             draft_s=draft_s,
             num_draft_calls=self.runner.num_forward_calls,
         )

@@ -39,7 +39,8 @@ class StepRequest:
     # [B] long: n per row, draft tokens that row may verify (<= g; 0 when not decoding); a row whose
     # block the draft ended earlier (confidence stop) verifies only its own drafts.
     num_draft_tokens: torch.Tensor
-    # [B, g] float64 in [0, 1): the verifier's eta (block/token verification), rank 0 reads them.
+    # [B, g] float64 in [0, 1): the verifier's eta (block/token verification), rank 0 reads them;
+    # [B, K, g] with K > 1 draft paths (the block's draft_ids are then [B, K, g]).
     eta: torch.Tensor
     # [B] float64 in [0, 1): drives sampling of the correction/bonus token.
     u: torch.Tensor
@@ -60,7 +61,7 @@ class DraftRequest:
     # Draft tokens to propose per row; 0: the draft model does not run in this step (an autoregressive
     # step, or every proposing row's block comes from n-grams).
     g: int
-    # [B, g] float64: the draft's sampling uniforms.
+    # [B, g] float64: the draft's sampling uniforms ([B, K, g] with num_paths = K > 1).
     draft_uniforms: torch.Tensor
     # Each row's sampling settings, as in StepRequest (the draft warps q with them).
     sampling: RowSampling
@@ -71,6 +72,8 @@ class DraftRequest:
     # In a step without the draft (g = 0): whether the draft catches up now (the next step is
     # expected to draft, StepPlan.next_g_guess) or stays idle until it drafts again.
     catch_up: bool = True
+    # K draft paths per row (engine/multipath_step.py); 1: one path.
+    num_paths: int = 1
 
 
 @dataclass
@@ -81,7 +84,8 @@ class StepResult:
     accepted_counts: torch.Tensor
     # [B] long: Y, the correction or bonus token of each row.
     next_tokens: torch.Tensor
-    # [B, g] long: the block that was verified (so the coordinator never fetches the block itself).
+    # [B, g] long: the block that was verified, the kept path's with K > 1 paths (so the coordinator
+    # never fetches the block itself).
     draft_ids: torch.Tensor
     # [B] long: draft tokens each row verified (the request's n, or fewer after a confidence stop).
     num_draft_tokens: torch.Tensor
@@ -107,3 +111,6 @@ class StepResult:
     # The draft's catch-up in this step (from the block): seconds and tokens fed.
     catch_up_s: float = 0.0
     num_catch_up_tokens: int = 0
+    # [B] long: the kept path of each row in a K-path step (the draft keeps that path's row); None:
+    # a one-path step.
+    path_indices: torch.Tensor | None = None

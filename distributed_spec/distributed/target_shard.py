@@ -18,6 +18,12 @@ broadcasts [accepted_counts, next_tokens] so every rank crops its KV cache ident
 backend's all-reduce ever differed in the last bit between ranks. Full target probabilities never
 leave the group: rank 0 answers with 2B ids and the verified block.
 
+A block of K > 1 paths per row ([B, K, g], verifier.num_paths) runs engine/multipath_step.py's
+target half instead: every rank feeds staged prompt chunks unforked, forks its rows K ways and
+scores [B*K, g+1] in one forward; rank 0 verifies with verify_paths and broadcasts tau, Y and the
+kept path; every rank rolls back and keeps the kept path's row (gather only: multi-path
+verification has no vocabulary-parallel form, see ParallelConfig.require_paths_supported).
+
 With `parallel.verify=vocab_parallel` (DecodeSettings.verify) the output head is swapped for this
 rank's vocabulary slice (vocab_head.py), so the forward returns [B, g+1, V/tp] logits; each rank
 receives its slice of q and every rank runs verify_parallel's collectives, whose result is the
@@ -41,6 +47,12 @@ from distributed_spec.distributed.shard_loading import autotp, load_shard, param
 from distributed_spec.distributed.vocab_head import head_vocab_size, use_head, vocab_slice_head
 from distributed_spec.distributed.wire import DraftBlock, unpack_probs, unpack_probs_slice
 from distributed_spec.engine.executor import verify_step
+from distributed_spec.engine.multipath_step import (
+    commit_target_paths,
+    kept_blocks,
+    score_paths,
+    verify_paths_from_logits,
+)
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import TargetSide
 from distributed_spec.models.pair import ModelFacts
@@ -137,28 +149,24 @@ class TargetShard:
         returns the result (the other ranks get the block without q)."""
         prefill_before = (self.runner.prefill_apart_s, self.runner.num_prefill_apart_tokens)
         self.side.update_rows(request.keep_rows, request.new_prompts)
-        draft_ids = block.draft_ids.to(self.device)  # [B, g]
-        g = draft_ids.shape[1]
-        decoding = request.decoding.to(self.device)  # [B]
         num_draft_tokens = request.num_draft_tokens  # [B]
         if block.num_drafted is not None:
             num_draft_tokens = torch.minimum(num_draft_tokens, block.num_drafted)
         start = time.perf_counter()
-        # [B, g+1, V], or [B, g+1, V/tp] with the vocabulary-slice head.
-        target_logits = self.side.score(draft_ids, decoding, request.prefill_chunk_tokens)
-        self._synchronize()
-        scored = time.perf_counter()
-        verify = self._verify_vocab_parallel if self.vocab_parallel else self._verify_on_rank0
-        accepted_counts, next_tokens = verify(block, request, draft_ids, target_logits, num_draft_tokens)
-        self.side.commit(accepted_counts, next_tokens, decoding, g)
+        # A block of K paths per row is [B, K, g] (engine/multipath_step.py), one path [B, g].
+        step = self._step_paths if block.draft_ids.dim() == 3 else self._step_one_path
+        accepted_counts, next_tokens, path_indices, scored = step(block, request, num_draft_tokens)
         self._synchronize()
         if self.rank != 0:
             return None
+        if path_indices is not None:
+            path_indices = path_indices.cpu()
+        kept_ids = block.draft_ids if path_indices is None else kept_blocks(block.draft_ids, path_indices)
         return StepResult(
             # Host copies: the verdict leaves the group through Ray (2B ids + the block's ids).
             accepted_counts=accepted_counts.cpu(),
             next_tokens=next_tokens.cpu(),
-            draft_ids=block.draft_ids,
+            draft_ids=kept_ids,
             num_draft_tokens=num_draft_tokens,
             target_s=scored - start,
             verify_s=time.perf_counter() - scored,
@@ -172,7 +180,79 @@ class TargetShard:
             catch_up_s=block.catch_up_s,
             num_catch_up_tokens=block.num_catch_up_tokens,
             num_prefill_apart_tokens=self.runner.num_prefill_apart_tokens - prefill_before[1],
+            path_indices=path_indices,
         )
+
+    def _step_one_path(
+        self, block: DraftBlock, request: StepRequest, num_draft_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None, float]:
+        """Score [Y, X_1..X_g] per row, verify (gather or vocab_parallel), crop the cache.
+
+        Returns:
+            accepted_counts [B], next_tokens [B] (long, every rank), None (no path index), and the
+            clock when scoring ended.
+        """
+        draft_ids = block.draft_ids.to(self.device)  # [B, g]
+        decoding = request.decoding.to(self.device)  # [B]
+        # [B, g+1, V], or [B, g+1, V/tp] with the vocabulary-slice head.
+        target_logits = self.side.score(draft_ids, decoding, request.prefill_chunk_tokens)
+        self._synchronize()
+        scored = time.perf_counter()
+        verify = self._verify_vocab_parallel if self.vocab_parallel else self._verify_on_rank0
+        accepted_counts, next_tokens = verify(block, request, draft_ids, target_logits, num_draft_tokens)
+        self.side.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
+        return accepted_counts, next_tokens, None, scored
+
+    def _step_paths(
+        self, block: DraftBlock, request: StepRequest, num_draft_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """engine/multipath_step.py's target half: fork K ways, score [B*K, g+1] in one forward, rank 0
+        verifies the full logits (parallel.verify=gather only: ParallelConfig.require_paths_supported)
+        and broadcasts tau, Y and the kept path; every rank keeps that path's row.
+
+        Returns:
+            accepted_counts, next_tokens, path_indices [B] (long, every rank), and the clock when
+            scoring ended.
+        """
+        draft_ids = block.draft_ids.to(self.device)  # [B, K, g]
+        _, num_paths, g = draft_ids.shape
+        decoding = request.decoding.to(self.device)  # [B]
+        # [B, K, g+1, V]
+        target_logits = score_paths(self.side, draft_ids, decoding, request.prefill_chunk_tokens)
+        self._synchronize()
+        scored = time.perf_counter()
+        accepted_counts, next_tokens, path_indices = self._verdict_from_rank0(
+            lambda: verify_paths_from_logits(
+                self.method,
+                request.sampling,
+                draft_ids,
+                unpack_probs(block, self.device),
+                target_logits,
+                num_draft_tokens,
+                request.eta,
+                request.u,
+            ),
+            draft_ids.shape[0],
+            3,
+        )
+        commit_target_paths(self.side, accepted_counts, next_tokens, path_indices, decoding, num_paths, g)
+        return accepted_counts, next_tokens, path_indices, scored
+
+    def _verdict_from_rank0(
+        self, verify: Callable[[], tuple[torch.Tensor, ...]], batch_size: int, num_fields: int
+    ) -> torch.Tensor:
+        """Rank 0 runs verify() (num_fields [B] long tensors); every rank gets them, so each crops its
+        KV cache identically even if a backend's all-reduce ever differed in the last bit.
+
+        Returns:
+            [num_fields, B] long on this rank's device.
+        """
+        verdict = torch.empty(num_fields, batch_size, dtype=torch.long, device=self.device)
+        if self.rank == 0:
+            verdict[:] = torch.stack(verify())
+        if self.world_size > 1:
+            dist.broadcast(verdict, src=0)
+        return verdict
 
     def _verify_on_rank0(
         self,
@@ -183,9 +263,8 @@ class TargetShard:
         num_draft_tokens: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """parallel.verify=gather: rank 0 verifies the full logits [B, g+1, V] and broadcasts the verdict."""
-        verdict = torch.empty(2, draft_ids.shape[0], dtype=torch.long, device=self.device)  # [2, B]
-        if self.rank == 0:
-            verdict[0], verdict[1] = verify_step(
+        accepted_counts, next_tokens = self._verdict_from_rank0(
+            lambda: verify_step(
                 self.method,
                 request.sampling,
                 draft_ids,
@@ -194,10 +273,11 @@ class TargetShard:
                 num_draft_tokens,
                 request.eta,
                 request.u,
-            )
-        if self.world_size > 1:
-            dist.broadcast(verdict, src=0)
-        return verdict[0], verdict[1]
+            ),
+            draft_ids.shape[0],
+            2,
+        )
+        return accepted_counts, next_tokens
 
     def _verify_vocab_parallel(
         self,

@@ -222,6 +222,10 @@ class LocalExecutor:
         self.target.update_rows(plan.keep_rows, plan.new_prompts)
         if draft is not None:
             draft.update_rows(plan.keep_rows, plan.new_prompts)
+        if draft is not None and plan.num_model_drafts > 0:
+            with watch.section("draft"):
+                # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
+                draft.catch_up()
         if plan.num_paths > 1 and plan.g > 0:
             accepted_counts, next_tokens, draft_ids = run_multipath_step(
                 self.target, draft, options.method, plan.sampling, plan, watch.section
@@ -234,8 +238,6 @@ class LocalExecutor:
         num_model_drafts = plan.num_model_drafts
         if num_model_drafts > 0:
             with watch.section("draft"):
-                # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
-                draft.catch_up()
                 draft_ids, draft_probs, num_drafted = draft.propose(
                     num_model_drafts,
                     plan.sampling,

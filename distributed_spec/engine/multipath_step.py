@@ -16,6 +16,11 @@ draft tokens only.
 4. commit: both sides roll back as in a one-path step (on all B*K rows, with the row's tau), then
    keep only the kept path's row of each row: B rows again, the one-path invariant of sides.py.
 At K = 1 the executor never comes here (its one-path code is unchanged).
+
+Each step is split into the draft's half (`propose_paths`, `commit_draft_paths`) and the target's
+(`score_paths`, `verify_paths_from_logits`, `commit_target_paths`), so that the Ray runtime runs
+the same functions in its draft actor and its target shards (distributed/draft_worker.py,
+distributed/target_shard.py) as `run_multipath_step` runs here in one process.
 """
 
 from __future__ import annotations
@@ -52,19 +57,21 @@ def propose_paths(
     params: Sampling,
     draft_uniforms: torch.Tensor,
     decoding: torch.Tensor,
+    to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K independent draft paths per row; leaves the draft side forked to B*K rows.
 
     Args:
         draft_uniforms: [B, K, g] float64, path k of row b samples with draft_uniforms[b, k].
         decoding: [B] bool (rows still prefilling feed their staged prompt only).
+        to_sampled: as in engine.steps.propose (the Ray draft samples q as it goes on the wire),
+            called on [B*K, V] per position, path-major rows.
     Returns:
         draft_ids [B, K, g] long, draft_probs [B, K, g, V] float32 (q^k_i, warped).
     """
     batch_size = decoding.shape[0]
-    input_mask = draft.pending_mask * decoding.to(draft.device)[:, None].long()
     # The pending input and any staged prompt go in once per row, not once per path.
-    first_logits = draft.runner.forward_tokens(draft.pending_ids, input_mask, num_logits=1)[:, -1]  # [B, V]
+    first_logits = draft.feed_pending(decoding)  # [B, V]
     forks = path_rows(batch_size, num_paths, draft.device)
     draft.update_rows(forks, [])
     if isinstance(params, RowSampling):
@@ -75,6 +82,7 @@ def propose_paths(
         g,
         params,
         draft_uniforms.reshape(batch_size * num_paths, g),
+        to_sampled,
     )
     return draft_ids.view(batch_size, num_paths, g), draft_probs.view(batch_size, num_paths, g, -1)
 
@@ -106,9 +114,7 @@ def score_paths(
     forks = path_rows(batch_size, num_paths, target.device)
     target.update_rows(forks, [])
     # max_staged=0: a prompt longer than a chunk keeps its rest staged, fed in later steps.
-    logits = target.score(
-        draft_ids.reshape(batch_size * num_paths, g), decoding.to(target.device)[forks], 0
-    )
+    logits = target.score(draft_ids.reshape(batch_size * num_paths, g), decoding.to(target.device)[forks], 0)
     return logits.view(batch_size, num_paths, g + 1, -1)
 
 
@@ -116,7 +122,7 @@ def verify_paths_from_logits(
     method: str,
     sampling: Sampling,
     draft_ids: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     num_draft_tokens: torch.Tensor,
     eta: torch.Tensor,
@@ -125,7 +131,8 @@ def verify_paths_from_logits(
     """Warp the target logits as the draft's were, then verify_paths.
 
     Args:
-        draft_ids: [B, K, g]; draft_probs: [B, K, g, V]; target_logits: [B, K, g+1, V];
+        draft_ids: [B, K, g]; draft_probs: [B, K, g, V] (None: greedy, which never reads q);
+        target_logits: [B, K, g+1, V];
         num_draft_tokens: [B]; eta: [B, K, >= g] float64; u: [B] float64.
     Returns:
         accepted_counts [B], next_tokens [B], path_indices [B] (long).
@@ -140,39 +147,63 @@ def verify_paths_from_logits(
     return verified.accepted_counts, verified.next_tokens, verified.path_indices
 
 
-def commit_paths(
+def commit_target_paths(
     target: TargetSide,
+    accepted_counts: torch.Tensor,
+    next_tokens: torch.Tensor,
+    path_indices: torch.Tensor,
+    decoding: torch.Tensor,
+    num_paths: int,
+    g: int,
+) -> None:
+    """Step 4 on the target side: roll back the B*K forked rows, keep the kept paths' B.
+
+    Args:
+        accepted_counts, next_tokens, path_indices: [B] long; decoding: [B] bool; g: the block width.
+    """
+    target.commit(*fork_verdict(num_paths, accepted_counts, next_tokens, decoding), g)
+    target.update_rows(kept_path_rows(path_indices, num_paths).to(target.device), [])
+
+
+def commit_draft_paths(
     draft: DraftSide,
     draft_ids: torch.Tensor,
     accepted_counts: torch.Tensor,
     next_tokens: torch.Tensor,
     path_indices: torch.Tensor,
     decoding: torch.Tensor,
-) -> torch.Tensor:
-    """Commit the kept path on both forked sides and fold them back to B rows.
+) -> None:
+    """Step 4 on the draft side: roll back the B*K forked rows, keep the kept paths' B.
 
     Args:
-        draft_ids: [B, K, g]; accepted_counts, next_tokens, path_indices: [B] long; decoding: [B] bool.
-    Returns:
-        the kept blocks [B, g] long (what the scheduler appends tau of).
+        draft_ids: [B, K, g] (the paths propose_paths drew); accepted_counts, next_tokens,
+        path_indices: [B] long; decoding: [B] bool.
     """
     batch_size, num_paths, g = draft_ids.shape
-    forks = path_rows(batch_size, num_paths, accepted_counts.device)
-    # Every path of a row rolls back with the row's tau: right for the kept path, whose first tau
-    # tokens are the accepted ones; the other paths' rows are dropped just below. Rolling back
-    # before dropping keeps each row's slot layout consistent (dropping rows may compact).
-    decoding = decoding.to(accepted_counts.device)
-    target.commit(accepted_counts[forks], next_tokens[forks], decoding[forks], g)
-    draft.commit(
-        draft_ids.reshape(batch_size * num_paths, g),
-        accepted_counts[forks],
-        next_tokens[forks],
-        decoding[forks],
-    )
-    kept = kept_path_rows(path_indices, num_paths)
-    target.update_rows(kept.to(target.device), [])
-    draft.update_rows(kept.to(draft.device), [])
-    return draft_ids[torch.arange(batch_size, device=draft_ids.device), path_indices.to(draft_ids.device)]
+    verdict = fork_verdict(num_paths, accepted_counts, next_tokens, decoding)
+    draft.commit(draft_ids.reshape(batch_size * num_paths, g), *verdict)
+    draft.update_rows(kept_path_rows(path_indices, num_paths).to(draft.device), [])
+
+
+def fork_verdict(
+    num_paths: int, accepted_counts: torch.Tensor, next_tokens: torch.Tensor, decoding: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's verdict for each of its K forked rows: accepted_counts, next_tokens [B*K] long and
+    decoding [B*K] bool (on accepted_counts' device), from the same [B] tensors.
+
+    Every path of a row rolls back with the row's tau: right for the kept path, whose first tau
+    tokens are the accepted ones; the other paths' rows are dropped right after. Rolling back before
+    dropping keeps each row's slot layout consistent (dropping rows may compact)."""
+    device = accepted_counts.device
+    forks = path_rows(accepted_counts.shape[0], num_paths, device)
+    return accepted_counts[forks], next_tokens.to(device)[forks], decoding.to(device)[forks]
+
+
+def kept_blocks(draft_ids: torch.Tensor, path_indices: torch.Tensor) -> torch.Tensor:
+    """draft_ids [B, K, g], path_indices [B] long -> the kept path's block [B, g] (what the scheduler
+    appends tau of)."""
+    rows = torch.arange(draft_ids.shape[0], device=draft_ids.device)
+    return draft_ids[rows, path_indices.to(draft_ids.device)]
 
 
 def run_multipath_step(
@@ -207,7 +238,8 @@ def run_multipath_step(
             plan.eta,
             plan.u,
         )
-        kept_ids = commit_paths(
-            target, draft, draft_ids, accepted_counts, next_tokens, path_indices, decoding
+        commit_target_paths(
+            target, accepted_counts, next_tokens, path_indices, decoding, plan.num_paths, plan.g
         )
-    return accepted_counts, next_tokens, kept_ids
+        commit_draft_paths(draft, draft_ids, accepted_counts, next_tokens, path_indices, decoding)
+    return accepted_counts, next_tokens, kept_blocks(draft_ids, path_indices)

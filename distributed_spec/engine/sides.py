@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from distributed_spec.engine.runner import ModelRunner
-from distributed_spec.engine.steps import commit_draft, commit_target, propose, score
+from distributed_spec.engine.steps import commit_draft, commit_target, draft_from_logits, score
 from distributed_spec.verify import RowSampling
 
 
@@ -116,17 +116,25 @@ class DraftSide:
         """engine.steps.propose from each row's pending input (rows still prefilling feed only their
         staged prompt). Same arguments and returns as `propose`; sampling: each row's settings;
         decoding: [B] bool."""
-        input_mask = self.pending_mask * decoding.to(self.device)[:, None].long()
-        return propose(
+        return draft_from_logits(
             self.runner,
-            self.pending_ids,
-            input_mask,
+            self.feed_pending(decoding),
             g,
             sampling,
             draft_uniforms,
             to_sampled,
             confidence_threshold,
         )
+
+    def feed_pending(self, decoding: torch.Tensor) -> torch.Tensor:
+        """Feed each row's pending input (rows still prefilling, decoding[b] False: their staged
+        prompt only); the first forward of a proposal, which the multi-path step forks after.
+
+        Returns:
+            logits [B, V] after each row's last fed token (the draft's X_1 distribution).
+        """
+        input_mask = self.pending_mask * decoding.to(self.device)[:, None].long()
+        return self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)[:, -1]
 
     def commit(
         self,

@@ -173,13 +173,15 @@ def test_bad_num_paths_is_rejected(overrides, message):
         VerifierConfig(**overrides)
 
 
-def test_the_ray_runtime_rejects_several_paths():
+def test_the_ray_runtime_rejects_several_paths_with_vocab_parallel_verification():
+    """K paths are verified on the full logits (parallel.verify=gather); the Ray runtime itself runs
+    them: tests/distributed/test_multipath_ray.py."""
     pytest.importorskip("ray")
-    from distributed_spec.config import ParallelConfig
+    from distributed_spec.config import ConfigError, ParallelConfig
     from distributed_spec.distributed.coordinator import RayCoordinator
 
-    runtime = ParallelConfig(runtime="ray", device="cpu", backend="gloo")
-    with pytest.raises(ValueError, match="num_paths=2"):
+    runtime = ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=2, verify="vocab_parallel")
+    with pytest.raises(ConfigError, match="num_paths=2.*parallel.verify=vocab_parallel"):
         RayCoordinator(
             object(), object(), EngineConfig(verifier=VerifierConfig(num_paths=2)), runtime
         )
