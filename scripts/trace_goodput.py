@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0, help="sampling.seed (each record's draws)")
     parser.add_argument("--num-records", type=int, default=64)
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         job = base_job(argparse.Namespace(tiny=False, dtype=args.dtype), "local", work / "records.jsonl")
         job = replace(
             job,
-            sampling=replace(job.sampling, temperature=args.temperature),
+            sampling=replace(job.sampling, temperature=args.temperature, seed=args.seed),
             data=replace(job.data, batch_size=args.batch_size),
         )
         goodput = Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=args.max_draft_len)

@@ -38,7 +38,7 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
 - Exploration: a g never measured is tried first (a few steps at start-up: the probe), climbing
   from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
   steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
-  with the oldest measurement is re-measured.
+  with the oldest measurement is re-measured, if it is predicted within `explore_margin` of the best.
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
@@ -225,8 +225,10 @@ class GoodputPolicy:
     """Picks each step's draft length g in {0, ..., max_draft_len} to maximise tokens per second."""
 
     max_draft_len: int
-    # Re-measure a neighbour of the best g every this many steps (0: never after start-up).
+    # Re-measure a neighbour of the best g every this many steps (0: never after start-up), if its
+    # predicted goodput is within this fraction of the best's.
     explore_every: int = 24
+    explore_margin: float = 0.05
     # Measurements of a cell before it counts as known at start-up.
     min_samples: int = 2
     # Standard errors added to the acceptance rates when choosing (AcceptanceEstimate.rates).
@@ -293,8 +295,14 @@ class GoodputPolicy:
         best = max(candidates, key=lambda g: (scores[g], -g))
         self.best = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
-            # Re-measure a neighbour of the best, so a peak that moves is followed step by step.
-            neighbours = [g for g in (best - 1, best + 1) if 0 <= g <= longest]
+            # Re-measure a neighbour of the best, so a peak that moves is followed step by step; not one
+            # predicted to lose by more than explore_margin (the draft's debt included): at a large batch
+            # each such step cost a whole step's worth of tokens, and the optimistic acceptance bound
+            # already brings a neighbour back into reach once its verdicts grow old.
+            neighbours = [
+                g for g in (best - 1, best + 1)
+                if 0 <= g <= longest and self._within_reach(rows, num_rows, g, scores[best], debt_per_token)
+            ]
             if neighbours:
                 return min(neighbours, key=self._last_measured(num_rows))
         return best
@@ -306,6 +314,13 @@ class GoodputPolicy:
         if cell is not None:
             return cell.count >= self.min_samples
         return self.cost.predict(num_rows, g) is not None
+
+    def _within_reach(
+        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float, debt_per_token: float
+    ) -> bool:
+        """Whether g's predicted goodput is within explore_margin of the best's (or unknown)."""
+        score = self.goodput(rows, num_rows, g, debt_per_token)
+        return score is None or score >= (1.0 - self.explore_margin) * best_score
 
     def _rising(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> bool:
         """Whether goodput rises from g - 1 to g (both known)."""

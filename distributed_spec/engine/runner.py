@@ -285,7 +285,11 @@ class ModelRunner:
         share a prefix, docs/design.md section 7); no compaction, so the slot layout is unchanged."""
         index = index.to(self.device)
         self._staged = [list(self._staged[row]) for row in index.tolist()]
-        if self.cache is not None:
+        if self.cache is not None and self.num_slots == 0:
+            # Nothing cached (every row that held slots has left): transformers skips
+            # batch_select_indices on an empty cache, which would keep the old batch size.
+            self.cache = DynamicCache()
+        elif self.cache is not None:
             self.cache.batch_select_indices(index)
         self.slot_mask = self.slot_mask[index]
 

@@ -154,8 +154,9 @@ def test_block_efficiency_of_block_at_least_token(small_vocab_pair):
 
 
 @pytest.mark.parametrize("method", ["block", "token"])
-def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, method):
-    """g in {0, ..., 3} chosen each step from measured timings and acceptance so far (0: no draft)."""
+def test_goodput_schedule_keeps_the_target_distribution(small_vocab_pair, steady_steps, method):
+    """g in {0, ..., 3} chosen each step from timings and acceptance so far (0: no draft); steps of
+    equal cost (steady_steps) so that the drafting path is the one taken."""
     target, draft = small_vocab_pair
     samples = sample_first_tokens(
         target, draft, method, 1, seed=3000, batch_size=32, draft_len_schedule="goodput", max_draft_len=3

@@ -115,3 +115,29 @@ def test_the_drafts_debt_is_priced_per_token_the_rows_have_left():
     assert policy.choose_step(rows, 4) == 1
     assert policy.choose_step(rows, 4, debt_per_token=4 * 200 / 400) == 1
     assert policy.choose_step(rows, 4, debt_per_token=4 * 200 / 2) == 0
+
+
+def test_a_neighbour_that_clearly_loses_is_not_re_measured():
+    """At B = 16 with T(16, 1) / T(16, 0) = 1.6 (2 cores, docs/RESULTS.md) and 0.44 of first drafts
+    kept, g = 1 loses by ~10%: after the probe's two g = 1 steps it is not re-measured every 24
+    steps (each such step cost a step's worth of tokens); at B = 4, where g = 0 and 1 are close,
+    the neighbours still are."""
+
+    def steps_per_g(num_rows: int, step_seconds: dict[int, float]) -> list[int]:
+        policy = GoodputPolicy(max_draft_len=1)
+        rng = random.Random(0)
+        records = [RowAcceptance() for _ in range(num_rows)]
+        steps = [0, 0]
+        for _ in range(200):
+            g = policy.choose_step([(8, record) for record in records], num_rows)
+            steps[g] += 1
+            accepted = [int(g > 0 and rng.random() < 0.44) for _ in records]
+            for record, kept in zip(records, accepted):
+                record.observe(kept, policy.predicted_accepted(g))
+            policy.observe_acceptance([g] * num_rows, accepted)
+            policy.observe_step(num_rows, g, step_seconds[g])
+        return steps
+
+    assert steps_per_g(16, {0: 0.063, 1: 0.100})[1] == 2
+    at_b4 = steps_per_g(4, {0: 0.050, 1: 0.070})
+    assert at_b4[0] > 2 and at_b4[1] > 2

@@ -52,7 +52,7 @@ def test_point_mass_and_combined_blocks():
 @pytest.mark.parametrize("method", ["block", "token", "greedy"])
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_greedy_output_equals_greedy_autoregressive(
-    tiny_pair, autoregressive_outputs, proposer, method, draft_len_schedule
+    tiny_pair, autoregressive_outputs, steady_steps, proposer, method, draft_len_schedule
 ):
     target, draft = tiny_pair
     config = EngineConfig(
@@ -186,7 +186,7 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_st
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
-def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, proposer):
+def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, steady_steps, proposer):
     """The goodput schedule is offered, per row, no more drafts than its n-gram proposal holds (none
     without a match under "ngram"), and no row verifies more than that."""
     from distributed_spec.engine.ngram import lookup

@@ -175,3 +175,18 @@ def test_forked_rows_give_the_logits_of_the_original_row():
     kept = [histories[0] + [22, 27], histories[1] + [23, 28], histories[2] + [26, 29]]
     for row in range(3):
         torch.testing.assert_close(logits[row], _fresh_last_logits(model, kept[row]), atol=ATOL, rtol=0)
+
+
+def test_rows_without_slots_outlive_the_rows_that_had_them():
+    """Rows that joined but were never fed (the draft idles through autoregressive steps) stay after
+    every row holding slots has left: the cache, compacted to no slot at all, must follow the batch
+    through later drops (transformers skips batch_select_indices on an empty cache) so the next
+    forward is exact."""
+    model = tiny_llama(vocab_size=32, seed=6)
+    runner = ModelRunner(model)
+    runner.prefill([[4, 5, 6], [7, 8]])
+    runner.add_rows([[9, 10, 11], [12, 13]])  # staged only
+    runner.drop_rows(torch.tensor([2, 3]))  # the fed rows leave: no kept slot remains
+    runner.drop_rows(torch.tensor([1]))
+    logits = runner.forward_tokens(torch.tensor([[14]]))[:, 0]
+    torch.testing.assert_close(logits[0], _fresh_last_logits(model, [12, 13, 14]), atol=ATOL, rtol=0)
