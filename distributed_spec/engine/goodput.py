@@ -237,7 +237,6 @@ class GoodputPolicy:
     catch_up: CatchUpCost = field(default_factory=CatchUpCost)
     acceptance: AcceptanceEstimate | None = None
     num_steps: int = 0
-    _debt_per_token: float = 0.0
     # The g of the last exploitation step (the neighbour exploration moves around it).
     best: int = 0
 
@@ -276,7 +275,6 @@ class GoodputPolicy:
         num_rows: rows in the forward (decoding or not); debt_per_token: sum over the decoding rows of
         (draft tokens the row owes) / (tokens it has left), the draft's debt (module docstring)."""
         self.num_steps += 1
-        self._debt_per_token = debt_per_token
         if not rows:
             return 0
         longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
@@ -287,7 +285,7 @@ class GoodputPolicy:
         for g in candidates:
             if self._known(num_rows, g):
                 continue
-            if g >= 2 and not self._rising(rows, num_rows, g - 1):
+            if g >= 2 and not self._rising(rows, num_rows, g - 1, debt_per_token):
                 candidates = candidates[:g]
                 break
             return g
@@ -322,10 +320,12 @@ class GoodputPolicy:
         score = self.goodput(rows, num_rows, g, debt_per_token)
         return score is None or score >= (1.0 - self.explore_margin) * best_score
 
-    def _rising(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int) -> bool:
+    def _rising(
+        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, debt_per_token: float
+    ) -> bool:
         """Whether goodput rises from g - 1 to g (both known)."""
-        debt = self._debt_per_token
-        upper, lower = self.goodput(rows, num_rows, g, debt), self.goodput(rows, num_rows, g - 1, debt)
+        upper = self.goodput(rows, num_rows, g, debt_per_token)
+        lower = self.goodput(rows, num_rows, g - 1, debt_per_token)
         return upper is not None and lower is not None and upper >= lower
 
     def _last_measured(self, num_rows: int):
