@@ -40,3 +40,33 @@ def steady_steps(monkeypatch):
 
     ticks = itertools.count()
     monkeypatch.setattr(Scheduler, "clock", staticmethod(lambda: float(next(ticks))))
+
+
+@pytest.fixture
+def scripted_goodput(monkeypatch):
+    """Replace the goodput schedule's choice with a script: `scripted_goodput(pattern, probe_rows)`,
+    pattern[i] = (g, measuring) for step i + 1 (measuring: the scheduler lets only probe_rows rows
+    draft). Returns the list the debt offered at each step is appended to."""
+    from distributed_spec.engine.goodput import GoodputPolicy
+
+    debts = []
+
+    def install(pattern, probe_rows=None):
+        def scripted(self, rows, num_rows, debt_per_token=0.0):
+            self.num_steps += 1
+            debts.append(debt_per_token)
+            g, self.measuring = pattern[self.num_steps - 1]
+            return g
+
+        monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)
+        if probe_rows is not None:
+            post_init = GoodputPolicy.__post_init__
+
+            def with_probe_rows(self):
+                post_init(self)
+                self.probe_rows = probe_rows
+
+            monkeypatch.setattr(GoodputPolicy, "__post_init__", with_probe_rows)
+        return debts
+
+    return install

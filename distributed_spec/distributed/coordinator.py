@@ -356,6 +356,7 @@ class RayCoordinator:
                 from_ngram=plan.from_ngram,
                 catch_up=plan.next_g_guess > 0,
                 num_paths=plan.num_paths,
+                draft_rows=plan.draft_rows,
             )
             blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
         if model_g == 0:
@@ -375,7 +376,11 @@ class RayCoordinator:
             # Drafting ahead assumes the draft drafted every row's block (no n-gram rows), one path per
             # row (it continues the block being verified; a K-path step keeps its path only then).
             model_only = plan.from_ngram is None or not bool(plan.from_ngram.any())
-            ahead = model_g > 0 and plan.next_g_guess > 0 and same_rows and model_only and plan.num_paths == 1
+            # Nor after a probe step that drafted for a few rows (StepPlan.draft_rows).
+            every_row = plan.draft_rows is None
+            ahead = (
+                model_g > 0 and plan.next_g_guess > 0 and same_rows and model_only and every_row and plan.num_paths == 1
+            )
             if self.runtime.overlap and ahead:
                 draft.propose_ahead.remote(plan.next_g_guess)
             draft.commit.remote(result_refs[0])

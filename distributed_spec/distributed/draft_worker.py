@@ -147,6 +147,8 @@ class DraftWorker:
         # That step's n-gram rows ([B] bool, None: none) and the tokens this draft drafted in it.
         self.from_ngram: torch.Tensor | None = None
         self.num_model_drafts = 0
+        # That step's drafting rows ([B] bool, None: all; DraftRequest.draft_rows).
+        self.draft_rows: torch.Tensor | None = None
         self.result: StepResult | None = None
         self.ahead: _AheadBlock | None = None
 
@@ -161,6 +163,7 @@ class DraftWorker:
         has_ngram_rows = request.from_ngram is not None and bool(request.from_ngram.any())
         self.from_ngram = request.from_ngram.to(self.device) if has_ngram_rows else None
         self.num_model_drafts = request.g
+        self.draft_rows = None if request.draft_rows is None or request.g == 0 else request.draft_rows.to(self.device)
         if request.g == 0:
             self.draft_ids = torch.zeros(len(self.decoding), 0, dtype=torch.long, device=self.device)
             if request.catch_up:
@@ -172,7 +175,7 @@ class DraftWorker:
         owed_before = self._owed_s()
         catch_up_before = (self.side.catch_up_s, self.side.num_catch_up_tokens)
         # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
-        self.side.catch_up()
+        self.side.catch_up(rows=self.draft_rows)
         draft_ids, values, ids, num_drafted = self._propose(request)
         self.num_model_drafts = draft_ids.shape[-1]
         if self.from_ngram is not None:
@@ -222,6 +225,7 @@ class DraftWorker:
                 self.decoding,
                 sampler,
                 self.confidence_threshold,
+                self.draft_rows,
             )
         return draft_ids, *sampler.stacked(draft_ids), num_drafted
 
@@ -314,13 +318,15 @@ class DraftWorker:
                 )
             elif ahead is None:
                 if self.from_ngram is None:
-                    self.side.commit(self.draft_ids, accepted_counts, next_tokens, self.decoding)
+                    self.side.commit(
+                        self.draft_ids, accepted_counts, next_tokens, self.decoding, draft_rows=self.draft_rows
+                    )
                 else:
                     # The verified block is the combined one (the result carries it, also when the
                     # draft did not run).
                     self.side.commit(
                         result.draft_ids.to(self.device), accepted_counts, next_tokens, self.decoding,
-                        self.from_ngram, self.num_model_drafts,
+                        self.from_ngram, self.num_model_drafts, self.draft_rows,
                     )
             else:
                 verified_g = self.draft_ids.shape[1]
@@ -330,7 +336,9 @@ class DraftWorker:
                 # Drafted for every row: not usable once some rows' blocks come from n-grams.
                 model_only = request.from_ngram is None or not bool(request.from_ngram.any())
                 # Host sync: whether the block drafted ahead is usable decides what to run next.
-                if same_rows and model_only and bool(kept_hit.all()) and ahead.g == request.g:
+                # Drafted for every row: not usable in a probe step that drafts for a few (draft_rows).
+                every_row = request.draft_rows is None
+                if same_rows and model_only and every_row and bool(kept_hit.all()) and ahead.g == request.g:
                     usable = ahead
                 else:
                     # Slots since the last commit: X_1..X_{g-1}, X_g, G, X'_1..X'_{g'-1}; keep X_1..X_tau.

@@ -74,6 +74,8 @@ class DraftRequest:
     catch_up: bool = True
     # K draft paths per row (engine/multipath_step.py); 1: one path.
     num_paths: int = 1
+    # [B] bool: the only rows the draft feeds and drafts for (engine StepPlan.draft_rows); None: all.
+    draft_rows: torch.Tensor | None = None
 
 
 @dataclass

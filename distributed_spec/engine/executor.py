@@ -64,6 +64,10 @@ class StepPlan:
     model_g: int | None = None
     # K draft paths per row (multipath_step.py); 1: one path.
     num_paths: int = 1
+    # [B] bool: the only rows the draft model feeds and drafts for in this step (a goodput probe
+    # measures a longer block with a few rows, so the draft catches up those rows alone); the others
+    # verify no draft (num_draft_tokens 0). None: every row.
+    draft_rows: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -225,7 +229,7 @@ class LocalExecutor:
         if draft is not None and plan.num_model_drafts > 0:
             with watch.section("draft"):
                 # What the draft lags behind goes in first, timed apart (a debt of earlier steps).
-                draft.catch_up()
+                draft.catch_up(rows=plan.draft_rows)
         if plan.num_paths > 1 and plan.g > 0:
             accepted_counts, next_tokens, draft_ids = run_multipath_step(
                 self.target, draft, options.method, plan.sampling, plan, watch.section
@@ -244,6 +248,7 @@ class LocalExecutor:
                     plan.draft_uniforms[:, :num_model_drafts],
                     decoding,
                     confidence_threshold=options.draft_confidence_threshold,
+                    draft_rows=plan.draft_rows,
                 )
             # A confidence stop may end the block early: g' <= g columns, n[b] <= g' per row.
             num_drafted = num_drafted.to(self.device)
@@ -280,7 +285,13 @@ class LocalExecutor:
             self.target.commit(accepted_counts, next_tokens, decoding, draft_ids.shape[1])
             if draft is not None:
                 draft.commit(
-                    draft_ids, accepted_counts, next_tokens, decoding, plan.from_ngram, num_model_drafts
+                    draft_ids,
+                    accepted_counts,
+                    next_tokens,
+                    decoding,
+                    plan.from_ngram,
+                    num_model_drafts,
+                    plan.draft_rows if num_model_drafts > 0 else None,
                 )
         return self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
 

@@ -39,6 +39,9 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
   steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
   with the oldest measurement is re-measured, if it is predicted within `explore_margin` of the best.
+  Such a measurement step (`measuring`) drafts for `probe_rows` rows only (the scheduler picks the
+  rows owing the draft least): the target's forward is [B, g + 1] whatever each row verifies, so it
+  measures T(B, g) without making the draft catch up the whole batch (docs/design.md section 3).
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
@@ -231,6 +234,9 @@ class GoodputPolicy:
     explore_margin: float = 0.05
     # Measurements of a cell before it counts as known at start-up.
     min_samples: int = 2
+    # Rows that draft in a measurement step (the probe, exploration); the others verify no draft, so
+    # the draft catches up these rows alone (scheduler.Scheduler._probe_rows).
+    probe_rows: int = 4
     # Standard errors added to the acceptance rates when choosing (AcceptanceEstimate.rates).
     optimism: float = 1.0
     cost: StepCostModel = field(default_factory=StepCostModel)
@@ -239,6 +245,8 @@ class GoodputPolicy:
     num_steps: int = 0
     # The g of the last exploitation step (the neighbour exploration moves around it).
     best: int = 0
+    # Whether the last choice measures a cell (the probe, exploration) rather than exploits the best.
+    measuring: bool = False
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
@@ -275,6 +283,7 @@ class GoodputPolicy:
         num_rows: rows in the forward (decoding or not); debt_per_token: sum over the decoding rows of
         (draft tokens the row owes) / (tokens it has left), the draft's debt (module docstring)."""
         self.num_steps += 1
+        self.measuring = False
         if not rows:
             return 0
         longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
@@ -288,6 +297,7 @@ class GoodputPolicy:
             if g >= 2 and not self._rising(rows, num_rows, g - 1, debt_per_token):
                 candidates = candidates[:g]
                 break
+            self.measuring = True
             return g
         scores = {g: self.goodput(rows, num_rows, g, debt_per_token) for g in candidates}
         best = max(candidates, key=lambda g: (scores[g], -g))
@@ -302,6 +312,7 @@ class GoodputPolicy:
                 if 0 <= g <= longest and self._within_reach(rows, num_rows, g, scores[best], debt_per_token)
             ]
             if neighbours:
+                self.measuring = True
                 return min(neighbours, key=self._last_measured(num_rows))
         return best
 

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +123,17 @@ class ModelRunner:
     def num_staged_tokens(self) -> list[int]:
         """[B] staged prompt tokens per row not yet fed."""
         return [len(staged) for staged in self._staged]
+
+    @contextmanager
+    def staged_held(self, held: list[bool]) -> Iterator[None]:
+        """Within the block, forwards feed no staged token of the rows held ([B] bools): their
+        prompts stay staged for a later forward (rows must not change inside the block)."""
+        aside = [staged if hold else [] for staged, hold in zip(self._staged, held)]
+        self._staged = [[] if hold else staged for staged, hold in zip(self._staged, held)]
+        try:
+            yield
+        finally:
+            self._staged = [first + rest for first, rest in zip(aside, self._staged)]
 
     @torch.no_grad()
     def prefill(self, prompt_ids: list[list[int]]) -> torch.Tensor | None:

@@ -263,6 +263,7 @@ class Scheduler:
                 len(tokens) if tokens or config.verifier.proposer == "ngram" else limit
                 for tokens, limit in zip(proposals, max_drafts)
             ]
+        draft_rows = None
         if not config.verifier.uses_draft:
             scheduled_num_draft_tokens = [0] * len(rows)
         elif self.goodput is not None:
@@ -276,6 +277,14 @@ class Scheduler:
                 )
             g = self.goodput.choose_step(candidates, len(rows), debt_per_token)
             scheduled_num_draft_tokens = [g] * len(rows)
+            if g > 0 and self.goodput.measuring and config.verifier.uses_draft_model and config.verifier.num_paths == 1:
+                draft_rows = self._probe_rows(rows, decoding, max_drafts, proposals)
+                if draft_rows is not None:
+                    # The other model rows verify no draft this step (n-gram rows keep their blocks).
+                    scheduled_num_draft_tokens = [
+                        g if on or (proposals is not None and proposals[index]) else 0
+                        for index, on in enumerate(draft_rows)
+                    ]
         elif config.verifier.draft_len_schedule == "adaptive":
             scheduled_num_draft_tokens = [request.num_draft_tokens for request in rows]
         else:
@@ -313,7 +322,26 @@ class Scheduler:
             from_ngram=from_ngram,
             model_g=model_g if config.verifier.uses_draft_model else 0,
             num_paths=num_paths,
+            draft_rows=None if draft_rows is None or model_g == 0 else torch.tensor(draft_rows, dtype=torch.bool),
         )
+
+    def _probe_rows(
+        self, rows: list[Request], decoding: list[bool], max_drafts: list[int], proposals: list[list[int]] | None
+    ) -> list[bool] | None:
+        """The rows the draft model drafts for in a goodput measurement step: the `probe_rows` of its
+        rows that owe it least per token left (None: all of them, when there are no more than that).
+        Measuring a longer block at a large batch with every row once paid the draft's catch-up of the
+        whole batch's prompts (a tenth of a short job at B = 32); the target's forward is [B, g + 1]
+        whatever each row verifies, so a few drafting rows measure the step's cost as well."""
+        model_rows = [
+            index for index, (on, limit) in enumerate(zip(decoding, max_drafts))
+            if on and limit > 0 and not (proposals is not None and proposals[index])
+        ]
+        if len(model_rows) <= self.goodput.probe_rows:
+            return None
+        owed = sorted(model_rows, key=lambda index: (rows[index].draft_lag / max(rows[index].remaining, 1), index))
+        chosen = set(owed[: self.goodput.probe_rows])
+        return [index in chosen for index in range(len(rows))]
 
     def _ngram_proposals(self, rows: list[Request], max_drafts: list[int]) -> list[list[int]] | None:
         """Each row's n-gram proposal, up to the longest block the schedule may give it (None when the
@@ -350,9 +378,11 @@ class Scheduler:
         # Whether the draft model fed every row's sequence in this step (it drafted, or caught up
         # ahead of a drafting step: executor.py); otherwise it fell behind by the tokens kept.
         draft_in_step = plan.num_model_drafts > 0 or plan.next_g_guess > 0
+        # A probe step feeds its drafting rows alone (StepPlan.draft_rows).
+        fed = [draft_in_step] * len(rows) if plan.draft_rows is None else plan.draft_rows.tolist()
         finished = []
         for index, request in enumerate(rows):
-            if draft_in_step:
+            if fed[index]:
                 request.draft_lag = 0
             if not decoding[index]:
                 request.num_prompt_left -= chunk
@@ -373,7 +403,7 @@ class Scheduler:
             if self.config.verifier.draft_len_schedule == "adaptive":
                 request.num_draft_tokens = next_draft_length(request.num_draft_tokens, tau, num_drafts, self.config.verifier.max_draft_len)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
-            if not draft_in_step:
+            if not fed[index]:
                 request.draft_lag += len(emitted)
             num_before = len(request.output)
             request.finish_reason = self._stop_checker(request).append(request.output, emitted, request.budget)

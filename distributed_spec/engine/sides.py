@@ -21,6 +21,7 @@ from n-grams, proposers.py). Pending tokens are right-aligned: the last column i
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -112,29 +113,44 @@ class DraftSide:
         decoding: torch.Tensor,
         to_sampled: Callable[[torch.Tensor], torch.Tensor] | None = None,
         confidence_threshold: float = 0.0,
+        draft_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """engine.steps.propose from each row's pending input (rows still prefilling feed only their
         staged prompt). Same arguments and returns as `propose`; sampling: each row's settings;
-        decoding: [B] bool."""
-        return draft_from_logits(
-            self.runner,
-            self.feed_pending(decoding),
-            g,
-            sampling,
-            draft_uniforms,
-            to_sampled,
-            confidence_threshold,
-        )
+        decoding: [B] bool; draft_rows: `feed_pending`'s."""
+        with self._only(draft_rows):
+            return draft_from_logits(
+                self.runner,
+                self.feed_pending(decoding, draft_rows),
+                g,
+                sampling,
+                draft_uniforms,
+                to_sampled,
+                confidence_threshold,
+            )
 
-    def feed_pending(self, decoding: torch.Tensor) -> torch.Tensor:
+    def _only(self, rows: torch.Tensor | None):
+        """A block in which forwards feed the staged prompts of `rows` alone ([B] bool; None: all)."""
+        if rows is None:
+            return contextlib.nullcontext()
+        return self.runner.staged_held((~rows.bool()).tolist())
+
+    def feed_pending(self, decoding: torch.Tensor, draft_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Feed each row's pending input (rows still prefilling, decoding[b] False: their staged
         prompt only); the first forward of a proposal, which the multi-path step forks after.
+
+        draft_rows: [B] bool, the only rows fed (the others, staged prompt and pending input alike, wait
+        for a later step: a goodput probe drafts for a few rows, the others verify no draft); None: all.
 
         Returns:
             logits [B, V] after each row's last fed token (the draft's X_1 distribution).
         """
-        input_mask = self.pending_mask * decoding.to(self.device)[:, None].long()
-        return self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)[:, -1]
+        fed = decoding.to(self.device)
+        if draft_rows is not None:
+            fed = fed & draft_rows.to(self.device)
+        input_mask = self.pending_mask * fed[:, None].long()
+        with self._only(draft_rows):
+            return self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)[:, -1]
 
     def commit(
         self,
@@ -144,6 +160,7 @@ class DraftSide:
         decoding: torch.Tensor,
         from_ngram: torch.Tensor | None = None,
         num_model_drafts: int | None = None,
+        draft_rows: torch.Tensor | None = None,
     ) -> None:
         """Roll the cache back to the kept prefix and set each row's next pending input.
 
@@ -155,15 +172,22 @@ class DraftSide:
                 The draft's own drafts for them are dropped and X_1..X_tau, Y' become pending input.
             num_model_drafts: tokens the draft drafted in this step (its block's width; 0: it did not
                 run, so every decoding row's X_1..X_tau, Y' join its pending input); None: g.
+            draft_rows: [B] bool, the rows `propose` fed (its draft_rows); the others keep their
+                pending input and queue X_1..X_tau, Y' after it. None: every row.
         """
         decoding = decoding.to(self.device)
         next_tokens = next_tokens.to(self.device)
         g = draft_ids.shape[1] if num_model_drafts is None else num_model_drafts
         # Host sync: whether any row's block came from n-grams picks the bookkeeping below.
-        if from_ngram is not None and bool(from_ngram.any()):
-            self._commit_with_ngram_rows(
-                draft_ids.to(self.device), accepted_counts.to(self.device), next_tokens, decoding,
-                from_ngram.to(self.device), g,
+        if draft_rows is not None or (from_ngram is not None and bool(from_ngram.any())):
+            self._commit_mixed(
+                draft_ids.to(self.device),
+                accepted_counts.to(self.device),
+                next_tokens,
+                decoding,
+                torch.zeros_like(decoding) if from_ngram is None else from_ngram.to(self.device),
+                decoding if draft_rows is None else decoding & draft_rows.to(self.device),
+                g,
             )
         elif g == 0:
             self.pending_ids = torch.cat([self.pending_ids, torch.where(decoding, next_tokens, 0)[:, None]], dim=1)
@@ -178,34 +202,37 @@ class DraftSide:
             )
         self.last_ids = torch.where(decoding, next_tokens, self.last_ids)
 
-    def _commit_with_ngram_rows(
+    def _commit_mixed(
         self,
         draft_ids: torch.Tensor,
         accepted_counts: torch.Tensor,
         next_tokens: torch.Tensor,
         decoding: torch.Tensor,
         from_ngram: torch.Tensor,
+        fed: torch.Tensor,
         g: int,
     ) -> None:
-        """`commit` for a block with n-gram rows: the model's rows as `commit_draft` keeps them, the
-        n-gram rows (and, when the draft did not run, every decoding row) queue X_1..X_tau, Y'.
+        """`commit` for a block not all of whose rows are the model's: the model's rows as
+        `commit_draft` keeps them; the others (n-gram rows, decoding rows the draft did not feed, every
+        decoding row when the draft did not run) queue X_1..X_tau, Y'.
 
         Args:
             draft_ids: [B, W] (W >= g, the model's drafts in the first g columns of its rows);
-            accepted_counts: [B]; next_tokens: [B]; decoding, from_ngram: [B] bool; g: the model's g.
+            accepted_counts: [B]; next_tokens: [B]; decoding, from_ngram: [B] bool; fed: [B] bool, the
+            decoding rows whose pending input `propose` fed; g: the model's g.
         """
         columns = torch.arange(draft_ids.shape[1], device=self.device)[None, :]  # [1, W]
         kept = columns < accepted_counts[:, None]  # [B, W]: X_1..X_tau
         if g > 0:
-            model_rows = decoding & ~from_ngram
-            # The model's speculative slots: its rows keep their accepted ones, n-gram rows none (those
-            # slots hold the model's drafts, not the n-gram tokens that were verified).
+            model_rows = fed & ~from_ngram
+            # The model's speculative slots: its rows keep their accepted ones, the others none (those
+            # slots hold the model's drafts, not the tokens that were verified).
             self.runner.rollback(torch.where(model_rows, accepted_counts.clamp(max=g - 1), 0), g - 1)
             # A model row's pending input is [X_g if all g were kept] (never fed), then Y'.
             model_pending = (columns == g - 1) & (accepted_counts == g)[:, None]
-            block_mask = torch.where(model_rows[:, None], model_pending, kept & from_ngram[:, None])
-            # propose fed every decoding row's pending input: only the others keep theirs.
-            old_mask = self.pending_mask * (~decoding).long()[:, None]
+            block_mask = torch.where(model_rows[:, None], model_pending, kept & decoding[:, None])
+            # propose fed these rows' pending input: only the others keep theirs.
+            old_mask = self.pending_mask * (~fed).long()[:, None]
         else:
             block_mask = kept & decoding[:, None]
             old_mask = self.pending_mask
@@ -214,33 +241,44 @@ class DraftSide:
         self.pending_ids, self.pending_mask = ids, mask
         self._trim_pending()
 
-    def lags(self, max_pending: int = 8) -> bool:
+    def lags(self, max_pending: int = 8, rows: torch.Tensor | None = None) -> bool:
         """Whether the draft is behind by more than a step's pending input: a row has staged prompt
-        tokens, or the pending input is longer than max_pending (autoregressive steps since it ran)."""
+        tokens, or the pending input is longer than max_pending (autoregressive steps since it ran).
+        rows: [B] bool, only these rows count; None: all."""
         if self.runner.batch_size == 0:
             return False
-        return any(self.runner.num_staged_tokens()) or self.pending_ids.shape[1] > max_pending
+        if rows is None:
+            return any(self.runner.num_staged_tokens()) or self.pending_ids.shape[1] > max_pending
+        rows = rows.to(self.device)
+        staged = torch.tensor(self.runner.num_staged_tokens(), device=self.device) > 0
+        # Host sync: the answer is a Python bool.
+        return bool((staged & rows).any()) or int((self.pending_mask.sum(dim=1) * rows).max()) > max_pending
 
-    def catch_up(self, max_pending: int = 8) -> bool:
+    def catch_up(self, max_pending: int = 8, rows: torch.Tensor | None = None) -> bool:
         """Feed the draft what it lags behind (staged prompts, pending tokens but each row's Y) in one
         forward, when it `lags`. Called before a drafting step that would otherwise feed it all in its
         first forward, or in a step without a draft when the next one is expected to draft. Its seconds
         (net of the runner's own prompt forwards apart, already counted there) add to `catch_up_s`:
-        the goodput schedule takes them off the step, as it does prompt forwards. Returns whether it ran."""
-        if not self.lags(max_pending):
+        the goodput schedule takes them off the step, as it does prompt forwards. rows: [B] bool, the
+        only rows caught up (the rows a goodput probe drafts for); None: all. Returns whether it ran."""
+        if not self.lags(max_pending, rows):
             return False
         runner = self.runner
         start, apart_before = time.perf_counter(), (runner.prefill_apart_s, runner.num_prefill_apart_tokens)
-        num_staged = sum(runner.num_staged_tokens())
+        held = [False] * runner.batch_size if rows is None else (~rows.bool()).tolist()
+        num_staged = sum(count for count, hold in zip(runner.num_staged_tokens(), held) if not hold)
         columns = torch.arange(self.pending_mask.shape[1], device=self.device)
         # Each row's last real pending token is its Y: it stays pending (the next proposal feeds it).
         last = (self.pending_mask * (columns + 1)).argmax(dim=1)  # [B]
         input_mask = self.pending_mask.clone()
         input_mask.scatter_(1, last[:, None], 0)
-        self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)
-        # Roll back nothing: every fed token is kept; only Y is pending now.
-        self.pending_ids = self.last_ids[:, None].clone()
-        self.pending_mask = torch.ones_like(self.pending_ids)
+        if rows is not None:
+            input_mask *= rows.to(self.device).long()[:, None]
+        with self._only(rows):
+            self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)
+        # Roll back nothing: every fed token is kept; only Y is pending now (in the rows caught up).
+        self.pending_mask = self.pending_mask - input_mask
+        self._trim_pending()
         if self.device.type == "cuda":
             # Host sync: the clock must see the forward run, not its launch.
             torch.cuda.synchronize(self.device)

@@ -40,6 +40,11 @@ GREEDY = EngineConfig(
     sampling=SamplingConfig(temperature=0.0, max_new_tokens=24),
     max_batch_size=4,
 )
+# Sampled, with prompts that repeat themselves (n-gram matches) and prompts fed in chunks.
+SAMPLED_REPEATS = engine_replace(
+    GREEDY, sampling=SamplingParams(temperature=0.5), seed=9, max_batch_size=3, prefill_chunk_tokens=3
+)
+REPEATING_PROMPTS = PROMPTS + [[4, 5, 4, 5, 4], [7, 8, 9, 7, 8]]
 # Fractional CPUs: 2 shards + draft fit in the test cluster's 4 logical CPUs twice over.
 RUNTIME = ray_config(tp_size=2, num_cpus_per_shard=0.5, num_cpus_draft=0.5, step_timeout_s=60.0)
 
@@ -166,6 +171,21 @@ def test_goodput_greedy_output_identical_to_engine(tp2):
     assert sum(stats.num_steps_per_draft_len) == stats.num_target_calls
 
 
+@pytest.mark.parametrize("proposer", ["model", "model+ngram"])
+def test_goodput_probe_rows_replay_the_engine_exactly(tp2, scripted_goodput, proposer):
+    """Measurement steps that draft for one row (the others verify no draft, the draft actor leaves
+    them unfed, prompts still staged included): sampled output equal to the engine's."""
+    pattern = [(0, True)] * 2 + [(2, True)] * 3 + [(0, False)] * 2 + [(3, True)] * 2 + [(2, False)] * 200
+    scripted_goodput(pattern, probe_rows=1)
+    tp2.config = engine_replace(
+        SAMPLED_REPEATS, proposer=proposer, draft_len_schedule="goodput", max_draft_len=3, max_batch_size=4
+    )
+    tp2.runtime = RUNTIME
+    results, _ = tp2.generate_with_stats(REPEATING_PROMPTS)
+    reference, _ = engine_results(tp2.config, REPEATING_PROMPTS)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+
+
 @pytest.mark.parametrize(
     ("proposer", "wire_dtype", "wire_top_k", "overlap", "draft_length"),
     [
@@ -198,18 +218,10 @@ def test_ngram_proposers_greedy_output_identical_to_engine(
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_ngram_proposers_sampling_replays_the_engine_exactly(tp2, proposer):
     """Same seed: the same tokens as the engine (point-mass q on the wire, the draft's cache in step)."""
-    prompts = PROMPTS + [[4, 5, 4, 5, 4], [7, 8, 9, 7, 8]]
-    tp2.config = engine_replace(
-        GREEDY,
-        sampling=SamplingParams(temperature=0.5),
-        seed=9,
-        proposer=proposer,
-        max_batch_size=3,
-        prefill_chunk_tokens=3,
-    )
+    tp2.config = engine_replace(SAMPLED_REPEATS, proposer=proposer)
     tp2.runtime = RUNTIME
-    results, stats = tp2.generate_with_stats(prompts)
-    reference, _ = engine_results(tp2.config, prompts)
+    results, stats = tp2.generate_with_stats(REPEATING_PROMPTS)
+    reference, _ = engine_results(tp2.config, REPEATING_PROMPTS)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     assert stats.extra["proposer/accepted_ngram"] > 0
 

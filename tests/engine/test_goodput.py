@@ -141,3 +141,19 @@ def test_a_neighbour_that_clearly_loses_is_not_re_measured():
     assert steps_per_g(16, {0: 0.063, 1: 0.100})[1] == 2
     at_b4 = steps_per_g(4, {0: 0.050, 1: 0.070})
     assert at_b4[0] > 2 and at_b4[1] > 2
+
+
+def test_measurement_steps_are_flagged_for_the_scheduler():
+    """`measuring` marks the probe's steps and the re-measurements of a neighbour (the scheduler lets
+    only probe_rows rows draft in them), never a step that exploits the best g."""
+    policy = GoodputPolicy(max_draft_len=1, explore_every=10, explore_margin=1.0)
+    rows = [(8, RowAcceptance()) for _ in range(16)]
+    flags = []
+    for _ in range(30):
+        g = policy.choose_step(rows, 16)
+        flags.append((g, policy.measuring))
+        policy.observe_acceptance([g] * 16, [0] * 16)
+        policy.observe_step(16, g, STEP_SECONDS_B16[g])
+    assert flags[:4] == [(0, True), (0, True), (1, True), (1, True)]
+    assert [(step, g) for step, (g, measuring) in enumerate(flags, start=1) if measuring][4:] == [(10, 1), (20, 1), (30, 1)]
+    assert all(g == 0 for g, measuring in flags[4:] if not measuring)

@@ -147,24 +147,27 @@ def test_single_token_prompts_decode_like_the_baseline(tiny_pair):
     assert stats.num_tokens == 30
 
 
+def _record_steps(engine, read):
+    """Wrap the engine's executor: returns the list each step's (plan, read(engine)) goes to."""
+    steps = []
+    execute = engine.executor.execute
+
+    def recording_execute(plan):
+        outcome = execute(plan)
+        steps.append((plan, read(engine)))
+        return outcome
+
+    engine.executor.execute = recording_execute
+    return steps
+
+
 def test_the_draft_idles_through_autoregressive_steps_and_catches_up_exactly(
-    tiny_pair, autoregressive_outputs, monkeypatch
+    tiny_pair, autoregressive_outputs, scripted_goodput
 ):
     """goodput at g = 0 leaves the draft idle (no forward); when a later step drafts, the draft first
     feeds what it missed (rows that joined meanwhile included) and greedy output is unchanged."""
-    from distributed_spec.engine.goodput import GoodputPolicy
-
     # Steps 1-8 and 13-20 autoregressive, the others g = 3: long debts, rows joining in between.
-    pattern = [0] * 8 + [3] * 4 + [0] * 8 + [3] * 100
-
-    debts = []
-
-    def scripted(self, rows, num_rows, debt_per_token=0.0):
-        self.num_steps += 1
-        debts.append(debt_per_token)
-        return pattern[self.num_steps - 1]
-
-    monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)
+    debts = scripted_goodput([(g, False) for g in [0] * 8 + [3] * 4 + [0] * 8 + [3] * 100])
     target, draft = tiny_pair
     config = EngineConfig(
         verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=3),
@@ -172,15 +175,7 @@ def test_the_draft_idles_through_autoregressive_steps_and_catches_up_exactly(
         max_batch_size=2,
     )
     engine = SpeculativeEngine(target, draft, config)
-    draft_calls = []
-    execute = engine.executor.execute
-
-    def counting_execute(plan):
-        outcome = execute(plan)
-        draft_calls.append((plan.g, engine.executor.draft.runner.num_forward_calls))
-        return outcome
-
-    engine.executor.execute = counting_execute
+    draft_calls = _record_steps(engine, lambda engine: engine.executor.draft.runner.num_forward_calls)
     results = engine.generate(PROMPTS[4])
     assert [result.token_ids for result in results] == [result.token_ids for result in autoregressive_outputs[4]]
     # No draft forward in the autoregressive steps; catch-up forwards ran and were timed apart.
@@ -191,3 +186,38 @@ def test_the_draft_idles_through_autoregressive_steps_and_catches_up_exactly(
     # draft (and one fewer token left), nothing once the draft has drafted (no row has joined since).
     assert debts[0] > 0 and all(later > earlier for earlier, later in zip(debts[:8], debts[1:8]))
     assert debts[9] == 0
+
+
+@pytest.mark.parametrize("proposer", ["model", "model+ngram"])
+@pytest.mark.parametrize("prefill_chunk_tokens", [None, 2])
+def test_a_probe_drafts_for_a_few_rows_and_the_draft_catches_up_those_alone(
+    tiny_pair, autoregressive_outputs, scripted_goodput, proposer, prefill_chunk_tokens
+):
+    """goodput's measurement steps (the probe, exploration) draft for probe_rows rows; the other rows
+    verify no draft and the draft neither feeds nor catches them up until a step drafts for them.
+    Greedy output is unchanged, rows still taking in their prompt included."""
+    # (g, measuring) per step: probes at g = 2 and 3 between autoregressive steps, then g = 1 for all.
+    pattern = [(0, True)] * 3 + [(2, True)] * 3 + [(0, False)] * 2 + [(3, True)] * 2 + [(1, False)] * 100
+    scripted_goodput(pattern, probe_rows=1)
+    target, draft = tiny_pair
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=3, proposer=proposer),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+        max_batch_size=4,
+    )
+    engine = SpeculativeEngine(target, draft, config)
+    steps = _record_steps(engine, lambda engine: engine.executor.draft.runner.num_kept_tokens().tolist())
+    results = engine.generate(PROMPTS[4])
+    assert [result.token_ids for result in results] == [result.token_ids for result in autoregressive_outputs[4]]
+    probes = [(plan, kept) for plan, kept in steps if plan.draft_rows is not None]
+    assert probes, "no step drafted for a subset of rows"
+    for plan, _ in probes:
+        model_rows = plan.decoding & (plan.num_draft_tokens > 0)
+        if plan.from_ngram is not None:
+            model_rows &= ~plan.from_ngram
+        # One model row drafts; the rows outside verify nothing the model drafted.
+        assert int(plan.draft_rows.sum()) == 1 and bool((model_rows & ~plan.draft_rows).sum() == 0)
+    # The draft idled through the first steps; the first probe fed its drafting row alone.
+    first_plan, kept = probes[0]
+    assert all((count > 0) == on for count, on in zip(kept, first_plan.draft_rows.tolist()))
