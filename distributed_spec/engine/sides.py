@@ -265,8 +265,6 @@ class DraftSide:
             return False
         runner = self.runner
         start, apart_before = time.perf_counter(), (runner.prefill_apart_s, runner.num_prefill_apart_tokens)
-        held = [False] * runner.batch_size if rows is None else (~rows.bool()).tolist()
-        num_staged = sum(count for count, hold in zip(runner.num_staged_tokens(), held) if not hold)
         columns = torch.arange(self.pending_mask.shape[1], device=self.device)
         # Each row's last real pending token is its Y: it stays pending (the next proposal feeds it).
         last = (self.pending_mask * (columns + 1)).argmax(dim=1)  # [B]
@@ -275,7 +273,9 @@ class DraftSide:
         if rows is not None:
             input_mask *= rows.to(self.device).long()[:, None]
         with self._only(rows):
-            self.runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)
+            # Inside the block the runner shows the staged prompts of `rows` alone.
+            num_staged = sum(runner.num_staged_tokens())
+            runner.forward_tokens(self.pending_ids, input_mask, num_logits=1)
         # Roll back nothing: every fed token is kept; only Y is pending now (in the rows caught up).
         self.pending_mask = self.pending_mask - input_mask
         self._trim_pending()
