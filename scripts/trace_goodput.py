@@ -3,7 +3,7 @@
     python -m scripts.trace_goodput --batch-size 16 --temperature 0 --num-records 64
     python -m scripts.trace_goodput --batch-size 16 --idle-draft --repeats 3 --no-trace
 
-The job is bench_throughput's (the same length-skewed records, bf16, local runtime, goodput up to
+The job is bench_throughput's (the same length-skewed records, bf16, --runtime local or Ray, goodput up to
 --max-draft-len), run beside the autoregressive job on the same loaded pair, taking turns
 (--repeats times). Each goodput step prints the batch size, the g chosen, the predicted seconds
 T(B, g) and expected tokens per row of every g, the acceptance rates goodput chooses with (upper
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-records", type=int, default=64)
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--runtime", default="local", choices=["local", "ray1", "ray2"], help="ray<N>: Ray at TP = N")
     parser.add_argument("--idle-draft", action="store_true", help="also run goodput held at g = 0")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-trace", action="store_true", help="print tokens/s only")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_records(work / "records.jsonl", args.num_records)
-        job = base_job(argparse.Namespace(tiny=False, dtype=args.dtype), "local", work / "records.jsonl")
+        job = base_job(argparse.Namespace(tiny=False, dtype=args.dtype), args.runtime, work / "records.jsonl")
         job = replace(
             job,
             sampling=replace(job.sampling, temperature=args.temperature, seed=args.seed),
