@@ -1,8 +1,10 @@
 """Input records in, completions out: JSONL (or Parquet) reading that never stops on bad input.
 
 Input: one record per line (JSONL) or row (Parquet), with an id and either a `prompt` string or a
-chat `messages` list of `{"role": ..., "content": ...}` (data.format=records; openai_batch.py checks
-OpenAI Batch API requests instead). `read_records` yields an `InputRecord` for every good record and
+chat `messages` list of `{"role": ..., "content": ...}`, and optionally the record's own
+`max_new_tokens`, `temperature`, `top_p`, `seed` and `stop` (a string or a list of them), which
+replace the job's sampling.* for that record (data.format=records; openai_batch.py checks OpenAI
+Batch API requests instead, with the same sampling checks). `read_records` yields an `InputRecord` for every good record and
 a `RecordError` (see errors.py) for every bad one, in input order, so the job writes the latter to
 errors.jsonl and goes on. Blank lines are skipped silently.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from distributed_spec.jobs.errors import (
     REASON_BAD_MAX_NEW_TOKENS,
     REASON_BAD_MESSAGES,
     REASON_BAD_PROMPT,
+    REASON_BAD_SAMPLING,
     REASON_DUPLICATE_ID,
     REASON_EMPTY_PROMPT,
     REASON_INVALID_UTF8,
@@ -160,10 +164,47 @@ def check_record(line: int, row: Any, data: DataConfig) -> InputRecord | RecordE
         isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
     ):
         return record_error(line, record_id, REASON_BAD_MAX_NEW_TOKENS, "must be an integer >= 1")
+    sampling = check_record_sampling(line, record_id, row)
+    if isinstance(sampling, RecordError):
+        return sampling
     checked = _check_prompt(line, record_id, row, data)
-    if isinstance(checked, InputRecord) and max_new_tokens is not None:
-        checked = dataclasses.replace(checked, max_new_tokens=max_new_tokens)
+    if isinstance(checked, InputRecord):
+        checked = dataclasses.replace(checked, max_new_tokens=max_new_tokens, sampling=sampling)
     return checked
+
+
+def check_record_sampling(line: int, record_id: Any, fields: dict[str, Any]) -> RecordSampling | RecordError:
+    """A record's own `temperature`, `top_p`, `seed` and `stop` (absent: the job's), or the error
+    naming the bad one. Used for the job's records and for OpenAI batch request bodies alike."""
+    temperature, top_p, seed = fields.get("temperature"), fields.get("top_p"), fields.get("seed")
+    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
+        return record_error(line, record_id, REASON_BAD_SAMPLING, "temperature must be a number >= 0")
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        return record_error(line, record_id, REASON_BAD_SAMPLING, "top_p must be a number in (0, 1]")
+    if seed is not None and not is_int(seed):
+        return record_error(line, record_id, REASON_BAD_SAMPLING, "seed must be an integer")
+    stop = fields.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (
+        isinstance(stop, list) and all(isinstance(s, str) and s and not has_lone_surrogate(s) for s in stop)
+    ):
+        return record_error(line, record_id, REASON_BAD_SAMPLING, "stop must be a non-empty string or a list of them")
+    return RecordSampling(
+        temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p),
+        seed=seed,
+        stop=None if stop is None else tuple(stop),
+    )
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON true/false decode to bools, which are ints in Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def _check_prompt(line: int, record_id: Any, row: dict, data: DataConfig) -> InputRecord | RecordError:

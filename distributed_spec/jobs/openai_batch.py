@@ -28,7 +28,6 @@ Ids are derived from the input line and custom_id, so a resumed run writes the s
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from typing import Any
 
@@ -38,7 +37,6 @@ from distributed_spec.jobs.errors import (
     REASON_BAD_MAX_NEW_TOKENS,
     REASON_BAD_PROMPT,
     REASON_BAD_REQUEST,
-    REASON_BAD_SAMPLING,
     REASON_EMPTY_PROMPT,
     REASON_GENERATION,
     REASON_MISSING_ID,
@@ -49,7 +47,14 @@ from distributed_spec.jobs.errors import (
     RecordError,
     record_error,
 )
-from distributed_spec.jobs.io import InputRecord, RecordSampling, check_messages, has_lone_surrogate, id_key
+from distributed_spec.jobs.io import (
+    InputRecord,
+    check_messages,
+    check_record_sampling,
+    has_lone_surrogate,
+    id_key,
+    is_int,
+)
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -193,28 +198,11 @@ def _with_sampling(record: InputRecord, body: dict[str, Any]) -> InputRecord | R
     """The record with the body's own token limit and sampling settings, or the error naming the bad one."""
     line, custom_id = record.line, record.id
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         return record_error(line, custom_id, REASON_BAD_MAX_NEW_TOKENS, "max_(completion_)tokens must be an integer >= 1")
-    temperature, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
-    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
-        return record_error(line, custom_id, REASON_BAD_SAMPLING, "temperature must be a number >= 0")
-    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
-        return record_error(line, custom_id, REASON_BAD_SAMPLING, "top_p must be a number in (0, 1]")
-    if seed is not None and not _is_int(seed):
-        return record_error(line, custom_id, REASON_BAD_SAMPLING, "seed must be an integer")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and not (
-        isinstance(stop, list) and all(isinstance(s, str) and s and not has_lone_surrogate(s) for s in stop)
-    ):
-        return record_error(line, custom_id, REASON_BAD_SAMPLING, "stop must be a non-empty string or a list of them")
-    sampling = RecordSampling(
-        temperature=None if temperature is None else float(temperature),
-        top_p=None if top_p is None else float(top_p),
-        seed=seed,
-        stop=None if stop is None else tuple(stop),
-    )
+    sampling = check_record_sampling(line, custom_id, body)
+    if isinstance(sampling, RecordError):
+        return sampling
     return InputRecord(
         line=line,
         id=custom_id,
@@ -223,14 +211,6 @@ def _with_sampling(record: InputRecord, body: dict[str, Any]) -> InputRecord | R
         max_new_tokens=max_tokens,
         sampling=sampling,
     )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def _digest(line: int, custom_id: Any) -> str:

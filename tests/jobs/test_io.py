@@ -8,7 +8,7 @@ import pytest
 
 from distributed_spec.config import DataConfig
 from distributed_spec.jobs.errors import RecordError
-from distributed_spec.jobs.io import InputRecord, JsonlAppender, id_key, read_records
+from distributed_spec.jobs.io import InputRecord, JsonlAppender, RecordSampling, id_key, read_records
 
 GOOD_AND_BAD_LINES = [
     b'{"id": "a", "prompt": "hello"}',
@@ -53,6 +53,30 @@ def test_bad_records_become_errors_with_line_numbers(tmp_path):
     assert errors[14].startswith("invalid id")
     assert errors[15].startswith("invalid messages")
     assert 3 not in errors and len(errors) == len(GOOD_AND_BAD_LINES) - 1 - 3
+
+
+def test_a_record_may_carry_its_own_sampling_settings(tmp_path):
+    """temperature, top_p, seed and stop (a string or a list) replace the job's for that record, as an
+    OpenAI batch request's do; a bad value refuses the record with a reason, not the job."""
+    items = _read(tmp_path, [
+        b'{"id": "a", "prompt": "x", "max_new_tokens": 3, "temperature": 0, "top_p": 0.5, "seed": 9, "stop": "zz"}',
+        b'{"id": "b", "prompt": "x", "stop": ["\\n\\n", "END"]}',
+        b'{"id": "c", "prompt": "x"}',
+        b'{"id": "d", "prompt": "x", "temperature": -1}',
+        b'{"id": "e", "prompt": "x", "top_p": 0}',
+        b'{"id": "f", "prompt": "x", "seed": 1.5}',
+        b'{"id": "g", "prompt": "x", "stop": [""]}',
+        b'{"id": "h", "prompt": "x", "temperature": true}',
+    ])  # fmt: skip
+    good = {item.id: item for item in items if isinstance(item, InputRecord)}
+    assert good["a"].max_new_tokens == 3
+    assert good["a"].sampling == RecordSampling(temperature=0.0, top_p=0.5, seed=9, stop=("zz",))
+    assert good["b"].sampling == RecordSampling(stop=("\n\n", "END"))
+    assert good["c"].sampling == RecordSampling() and good["c"].max_new_tokens is None
+    errors = {item.id: item.reason for item in items if isinstance(item, RecordError)}
+    assert sorted(errors) == ["d", "e", "f", "g", "h"]
+    assert all(reason.startswith("invalid sampling settings") for reason in errors.values())
+    assert "temperature" in errors["d"] and "top_p" in errors["e"] and "seed" in errors["f"]
 
 
 def test_custom_field_names(tmp_path):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from distributed_spec.config import DataConfig, JobConfig, SamplingConfig, TrackingConfig, VerifierConfig
+from distributed_spec.jobs.io import RecordSampling
 from distributed_spec.jobs.runner import cut_at_stop, run
 from tests.jobs.fakes import FakeGenerator
 
@@ -124,6 +125,21 @@ def test_each_record_is_seeded_by_its_id(tmp_path):
     generator = FakeGenerator()
     run(_job(tmp_path), generator=generator)
     assert [key for _, keys in generator.calls for key in keys] == ['"a"', '"b"', '"d"', "5"]  # id_key: ids as JSON
+
+
+def test_a_records_own_sampling_settings_reach_the_generator(tmp_path):
+    """The job's own format carries per-record settings as OpenAI batch files do (jobs/io.py)."""
+    _write_input(tmp_path / "in.jsonl", [
+        {"id": "t", "prompt": "hello", "temperature": 0.0, "max_new_tokens": 2},
+        {"id": "s", "prompt": "bye", "temperature": 1.3, "top_p": 0.5, "seed": 9, "stop": ["zz"]},
+        {"id": "j", "prompt": "job's settings"},
+    ])  # fmt: skip
+    generator = FakeGenerator()
+    run(_job(tmp_path), generator=generator)
+    items = {item.handle.record.id: item for item in generator.items}
+    assert items["t"].max_new_tokens == 2 and items["t"].sampling == RecordSampling(temperature=0.0)
+    assert items["s"].sampling == RecordSampling(temperature=1.3, top_p=0.5, seed=9, stop=("zz",))
+    assert items["j"].max_new_tokens is None and items["j"].sampling == RecordSampling()
 
 
 def test_generation_failures_are_retried_on_rerun(tmp_path):
