@@ -12,8 +12,9 @@ autoregressive step (the target's [B, 1] forward and its sampling), median of --
 - target side: fork, forward, rollback, drop;
 - draft side: the same on the draft, g - 1 forwards of B*K rows;
 - verification: the draft's q and the target's p (logits_to_probs at --temperature) and
-  verify_paths ("block"; "greedy" at T = 0) on logits of the target's vocabulary (random draft logits, target logits =
-  draft logits + noise: a weak draft, as at T = 1, so the recursion visits many paths).
+  verify_paths ("block"; "greedy" at T = 0) on logits of the target's vocabulary (random draft
+  logits, target logits = draft logits + noise: a weak draft, as at T = 1, so the recursion visits
+  many paths).
 With c(K, g) = (the three) / autoregressive step, a policy of block efficiency BE can run at most
 BE / c(K, g) times autoregressive's tokens/s: what is left over is sampling the drafts and the
 scheduler's bookkeeping, which this does not time. The grid's results.json gives BE and the measured
@@ -111,7 +112,7 @@ def step_costs(
         eta = torch.rand(batch_size, num_paths, g, generator=generator, dtype=torch.float64)
         return draft_logits, draft_ids, target_logits, torch.full((batch_size,), g), eta
 
-    def verify(num_paths: int, g: int, inputs: tuple) -> None:
+    def verify(inputs: tuple) -> None:
         draft_logits, draft_ids, target_logits, num_drafts, eta = inputs
         draft_probs = logits_to_probs(draft_logits, params)
         verify_paths_from_logits(method, params, draft_ids, draft_probs, target_logits, num_drafts, eta, u)
@@ -122,7 +123,7 @@ def step_costs(
             inputs = verify_inputs(num_paths, g)
             calls[("target", num_paths, g)] = lambda k=num_paths, g=g: target_side(k, g)
             calls[("draft", num_paths, g)] = lambda k=num_paths, g=g: draft_side(k, g)
-            calls[("verify", num_paths, g)] = lambda k=num_paths, g=g, inputs=inputs: verify(k, g, inputs)
+            calls[("verify", num_paths, g)] = lambda inputs=inputs: verify(inputs)
     samples: dict[tuple, list[float]] = {key: [] for key in calls}
     with torch.no_grad():
         for repeat in range(repeats + 1):

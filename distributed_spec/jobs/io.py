@@ -4,9 +4,9 @@ Input: one record per line (JSONL) or row (Parquet), with an id and either a `pr
 chat `messages` list of `{"role": ..., "content": ...}`, and optionally the record's own
 `max_new_tokens`, `temperature`, `top_p`, `seed` and `stop` (a string or a list of them), which
 replace the job's sampling.* for that record (data.format=records; openai_batch.py checks OpenAI
-Batch API requests instead, with the same sampling checks). `read_records` yields an `InputRecord` for every good record and
-a `RecordError` (see errors.py) for every bad one, in input order, so the job writes the latter to
-errors.jsonl and goes on. Blank lines are skipped silently.
+Batch API requests instead, with the same sampling checks). `read_records` yields an `InputRecord`
+for every good record and a `RecordError` (see errors.py) for every bad one, in input order, so the
+job writes the latter to errors.jsonl and goes on. Blank lines are skipped silently.
 
 Output: `JsonlAppender` appends one JSON object per line (UTF-8, not ASCII-escaped), flushing and
 fsyncing on `sync()`, so what is on disk after a crash is whole lines plus at most one torn line,
@@ -160,9 +160,7 @@ def check_record(line: int, row: Any, data: DataConfig) -> InputRecord | RecordE
     if isinstance(record_id, str) and (not record_id or has_lone_surrogate(record_id)):
         return record_error(line, None, REASON_BAD_ID, "empty or not valid Unicode")
     max_new_tokens = row.get("max_new_tokens")
-    if max_new_tokens is not None and (
-        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
-    ):
+    if max_new_tokens is not None and (not is_int(max_new_tokens) or max_new_tokens < 1):
         return record_error(line, record_id, REASON_BAD_MAX_NEW_TOKENS, "must be an integer >= 1")
     sampling = check_record_sampling(line, record_id, row)
     if isinstance(sampling, RecordError):

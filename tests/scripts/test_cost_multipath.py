@@ -35,6 +35,7 @@ def test_step_pieces_run_for_every_cell_and_restore_the_batch(monkeypatch):
     # the deepest piece's own slots (the draft's g - 1 forwards after feeding one token).
     assert slots[0] == (2, 0) and max(num_slots for _, num_slots in slots) <= 12 + max(cost_multipath.DRAFT_LENS)
 
+
 def test_report_bounds_the_speedup_by_block_efficiency_over_cost(tmp_path):
     grid = tmp_path / "results.json"
     rows = [
