@@ -6,8 +6,8 @@
 The job is bench_throughput's (the same length-skewed records, bf16, --runtime local or Ray, goodput up to
 --max-draft-len), run beside the autoregressive job on the same loaded pair, taking turns
 (--repeats times). Each goodput step prints the batch size, the g chosen, the predicted seconds
-T(B, g) and expected tokens per row of every g, the acceptance rates goodput chooses with (upper
-confidence bound) and their means, the rows' mean own factor, and the draft's debt as priced
+T(B, g) and expected tokens per row of every g, the acceptance rates goodput chooses with (optimistic
+prior) and their means, the rows' mean own factor, and the draft's debt as priced
 (c_catch x the sum of D_r / R_r: ms added per token a drafting step makes): what
 docs/RESULTS.md's diagnosis of goodput at B = 16 reads. --idle-draft adds a third job: goodput's
 choice replaced by g = 0 at every step, so the draft is loaded but never drafts; its tokens/s over
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         factor = sum(record.factor() for _, record in rows) / max(len(rows), 1)
         # The draft's debt priced per token a drafting step makes (goodput.py: c_catch x sum D_r / R_r).
         debt_ms = policy.catch_up.seconds_per_token * debt_per_token * 1e3
-        bound, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
-        trace.append((num_rows, g, seconds, tokens, bound, rates, factor, debt_ms))
+        optimistic, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
+        trace.append((num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms))
         return g
 
     GoodputPolicy.choose_step = traced
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         return "-" if value is None else f"{value * 1e3:.1f}"
 
     if not args.no_trace:
-        print("B  g  | T(B, g) ms per g | tokens per row per g | rates (bound) | rates (mean) | row factor | debt ms")
-        for num_rows, g, seconds, tokens, bound, rates, factor, debt_ms in trace:
+        print("B  g  | T(B, g) ms per g | tokens per row per g | rates (optimistic) | rates (mean) | row factor | debt ms")
+        for num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms in trace:
             print(
                 f"{num_rows:<2} {g}  | {' '.join(ms(value) for value in seconds)} | "
-                f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in bound[:2])} | "
+                f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in optimistic[:2])} | "
                 f"{' '.join(f'{r:.2f}' for r in rates[:2])} | {factor:.2f} | {debt_ms:.1f}"
             )
         steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)

@@ -51,8 +51,12 @@ class StepPlan:
     sampling: RowSampling
     # Prompt tokens the target feeds per row at most in this step (engine.prefill_chunk_tokens).
     prefill_chunk_tokens: int | None = None
-    # Prompt tokens fed in this step, all rows together (0: no row is taking in its prompt).
-    num_prefill_tokens: int = 0
+    # What the step's prompt chunks cost the target's shared forward, in padded slots: rows x the
+    # longest chunk fed (a chunk pads every row of the forward to its length; 0: no row is taking in
+    # its prompt). `_apart`: the same count when the joining rows' first chunks go through a forward
+    # of their own (runner.py), which is timed apart. The goodput schedule prices prompts per slot.
+    num_prompt_slots: int = 0
+    num_prompt_slots_apart: int = 0
     # The next step's g if every row keeps its whole block (what a draft may propose ahead).
     next_g_guess: int = 0
     # The n-gram proposer's blocks (proposers.py), None when it does not run: [B, w] long, each

@@ -12,16 +12,27 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   online on this device: an exponential moving average per (B, g) cell (`StepCostModel`), times a
   drift all cells share (steps slow down as contexts grow, whatever g). A cell not
   measured yet is predicted from the nearest batch size that has it, scaled by the ratio of a cell
-  both batch sizes share. A step that also fed prompt tokens (rows joining the batch) costs more by
-  about c x (the prompt tokens it fed); c is estimated within cells (`StepCostModel`), so every step
-  updates its cell, also where rows join at nearly every step.
+  both batch sizes share. A longer block never costs less than a shorter one measured at the same
+  batch size (it does that step's work and more): where two cells disagree, the dearer reading
+  stands, so a longer block measured low by noise does not win on it (capping the shorter cells
+  instead tied them to the low reading, and ties went to the longer block). A step that also fed prompt chunks (rows joining
+  the batch) costs more by about c x its prompt slots (rows x the longest chunk: a chunk pads every
+  row of the forward to its length, so two rows joining together cost what one does); c is
+  estimated within cells (`StepCostModel`), so every step updates its cell, also where rows join at
+  nearly every step. Counted in prompt tokens, steps where several rows joined at once looked
+  cheap per token (Ray, B = 4: c read 1.26 ms a token where one row's prompt cost ~1.8), and the
+  cells that fed the most prompts were priced low (T(4, 3) 104 ms against 121 measured).
 - E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
   position i among those that verified it (`AcceptanceEstimate`, decayed so it follows the text),
   and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1
   and decayed every step, so a row that stopped drafting after bad luck tries again later).
   Block verification keeps a prefix, so the expected kept length is the sum of these marginals.
-  The choice uses an upper confidence bound of a_i (`optimism` standard errors): with greedy choices
-  on the mean, a few unlucky early rejections kept a B = 1 run at g = 0 for good (docs/RESULTS.md).
+  The choice counts `optimism` extra kept verdicts at each position (an optimistic prior): with
+  greedy choices on the mean, a few unlucky early rejections kept a B = 1 run at g = 0 for good
+  (docs/RESULTS.md). Its lift shrinks as 1 / (verdicts): large while a rate rests on a few verdicts
+  or old ones (the counts decay while nothing is drafted, so a rate at g = 0 regains it), a fraction
+  of a percent once a batch verifies every step. The standard-error bound it replaces lifted a rate
+  by ~0.04 on ~140 verdicts, and that tipped every near-tie towards drafting (Ray, B = 4).
 - g = 0 is a plain decoding step (no draft forward at all); it wins where verification is dear
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
@@ -55,9 +66,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Cell:
-    # Running means of the cell's steps: wall clock and the prompt tokens they fed.
+    # Running means of the cell's steps: wall clock and their prompt slots.
     mean_seconds: float
-    mean_prompt_tokens: float
+    mean_prompt_slots: float
     count: int
     last_step: int
 
@@ -65,78 +76,99 @@ class _Cell:
 class StepCostModel:
     """Seconds per step as a function of (rows in the batch B, draft tokens per row g), measured.
 
-    A step that feeds prompt tokens (rows joining) costs more: seconds = T(B, g) + c x prompt tokens.
-    c is shared by all cells and estimated within cells (each step's deviation from its cell's
-    running means, x against y: a fixed-effects regression), so every step, with or without prompt
-    tokens, updates its cell, and T(B, g) = mean seconds - c x mean prompt tokens.
+    A step that feeds prompt chunks (rows joining) costs more: seconds = T(B, g) + c x prompt slots
+    (rows x the longest chunk of the forward). c is shared by all cells and estimated within cells
+    (each step's deviation from its cell's running means, x against y: a fixed-effects regression),
+    so every step, with or without prompts, updates its cell, and T(B, g) = mean seconds - c x mean
+    prompt slots.
 
     Every step also grows slower as the rows' contexts lengthen, whatever its g. That drift is one
     factor shared by all cells (`log_drift`, moved first by each step's surprise against its cell);
     the cells hold costs net of it. The cell exploited every step and a cell last measured long ago
     are thus compared at today's drift: without it the fresh cell had drifted up and the stale one
     not, and a draft length that lost became the choice (docs/RESULTS.md, the batch drain).
+    Only a cell measured within the last `fresh_steps` steps moves the drift: the drift since a stale
+    cell's last step is already in `log_drift`, so what surprises in it is the cell's own error (two
+    noisy start-up steps, say), and it goes to the cell. Split with the drift instead, half of each
+    correction was undone by the exploited cell's next steps, and a cell measured twice at start-up
+    kept its error through every re-measurement.
     """
 
     def __init__(
-        self, smoothing: float = 0.05, decay: float = 0.98, drift_rate: float = 0.5, max_drift_step: float = 0.2
+        self,
+        smoothing: float = 0.05,
+        decay: float = 0.98,
+        drift_rate: float = 0.5,
+        max_drift_step: float = 0.2,
+        fresh_steps: int = 2,
     ) -> None:
         self.smoothing = smoothing
         self.decay = decay
         self.drift_rate = drift_rate
+        self.fresh_steps = fresh_steps
         # A step moves the drift by at most this much in log (22%): one slow step (the first of a run,
         # which feeds every prompt) must not rescale every cell.
         self.max_drift_step = max_drift_step
         self.cells: dict[tuple[int, int], _Cell] = {}
         # log of the factor all cells share (1 at the start).
         self.log_drift = 0.0
-        # Decayed sums of (prompt tokens - cell mean) x (seconds - cell mean) and its square, seconds
+        # Decayed sums of (prompt slots - cell mean) x (seconds - cell mean) and its square, seconds
         # net of the drift.
         self._within_xy = 0.0
         self._within_xx = 0.0
 
     @property
-    def prefill_seconds_per_token(self) -> float:
+    def seconds_per_prompt_slot(self) -> float:
         """c: seconds per prompt token a step feeds (0 until steps with different prompt loads)."""
-        return self._net_seconds_per_token * math.exp(self.log_drift)
+        return self._net_seconds_per_slot * math.exp(self.log_drift)
 
     @property
-    def _net_seconds_per_token(self) -> float:
+    def _net_seconds_per_slot(self) -> float:
         if self._within_xx <= 1e-9:
             return 0.0
         return max(self._within_xy / self._within_xx, 0.0)
 
-    def observe(self, num_rows: int, g: int, seconds: float, step: int, num_prefill_tokens: int = 0) -> None:
-        """A step's wall clock; num_prefill_tokens: prompt tokens it fed (rows joining or prefilling)."""
+    def observe(self, num_rows: int, g: int, seconds: float, step: int, num_prompt_slots: int = 0) -> None:
+        """A step's wall clock; num_prompt_slots: rows x the longest prompt chunk it fed (0: none)."""
         cell = self.cells.get((num_rows, g))
-        if cell is not None:
-            expected = self.seconds(cell) + self.prefill_seconds_per_token * num_prefill_tokens
+        if cell is not None and step - cell.last_step <= self.fresh_steps:
+            expected = self.seconds(cell) + self.seconds_per_prompt_slot * num_prompt_slots
             surprise = math.log(max(seconds, 1e-9) / max(expected, 1e-9))
             self.log_drift += self.drift_rate * min(max(surprise, -self.max_drift_step), self.max_drift_step)
         net = seconds / math.exp(self.log_drift)
         if cell is None:
-            self.cells[(num_rows, g)] = _Cell(net, float(num_prefill_tokens), 1, step)
+            self.cells[(num_rows, g)] = _Cell(net, float(num_prompt_slots), 1, step)
             return
-        dx, dy = num_prefill_tokens - cell.mean_prompt_tokens, net - cell.mean_seconds
+        dx, dy = num_prompt_slots - cell.mean_prompt_slots, net - cell.mean_seconds
         self._within_xy = self.decay * self._within_xy + dx * dy
         self._within_xx = self.decay * self._within_xx + dx * dx
         # A running mean over the cell's first steps, then an exponential one: a cell's net cost is
         # steady (the drift carries the trend), so it may move slowly once known.
         rate = max(1.0 / (cell.count + 1), self.smoothing)
-        cell.mean_prompt_tokens += rate * dx
+        cell.mean_prompt_slots += rate * dx
         cell.mean_seconds += rate * dy
         cell.count += 1
         cell.last_step = step
 
     def seconds(self, cell: _Cell) -> float:
-        """T(B, g) of a cell at today's drift: its mean step without the prompt tokens' share."""
-        net = max(cell.mean_seconds - self._net_seconds_per_token * cell.mean_prompt_tokens, 1e-9)
+        """T(B, g) of a cell at today's drift: its mean step without the prompt slots' share."""
+        net = max(cell.mean_seconds - self._net_seconds_per_slot * cell.mean_prompt_slots, 1e-9)
         return net * math.exp(self.log_drift)
 
     def measured(self, num_rows: int, g: int) -> _Cell | None:
         return self.cells.get((num_rows, g))
 
     def predict(self, num_rows: int, g: int) -> float | None:
-        """Predicted seconds of a (B, g) step; None when g was never measured at any B."""
+        """Predicted seconds of a (B, g) step; None when g was never measured at any B. At least every
+        shorter block measured at this B (module docstring): a step's cost does not fall with g."""
+        seconds = self._predict_cell(num_rows, g)
+        if seconds is None:
+            return None
+        shorter = [self.seconds(cell) for (rows, width), cell in self.cells.items() if rows == num_rows and width < g]
+        return max([seconds, *shorter])
+
+    def _predict_cell(self, num_rows: int, g: int) -> float | None:
+        """The (B, g) cell's own estimate, or one from the nearest batch size that measured g."""
         cell = self.cells.get((num_rows, g))
         if cell is not None:
             return self.seconds(cell)
@@ -191,14 +223,14 @@ class AcceptanceEstimate:
 
     def rates(self, optimism: float = 0.0) -> list[float]:
         """[max_draft_len] a_i: P(position i kept | verified). Unseen positions lean on the last
-        seen rate (a weak prior: half of the previous position's). optimism > 0 adds that many
-        standard errors (an upper confidence bound): few or old verdicts then favour drafting, so
-        a run of early rejections cannot stop a policy from ever drafting again."""
+        seen rate (a weak prior: half of the previous position's). optimism > 0 counts that many more
+        kept verdicts at each position: few or old verdicts then favour drafting, so a run of early
+        rejections cannot stop a policy from ever drafting again, while many recent ones barely move
+        (a lift of (1 - a_i) x optimism / verdicts)."""
         rates, previous = [], 0.5
         for verified, kept in zip(self.num_verified, self.num_kept):
             prior = 0.5 * previous if rates else previous
-            rate = (kept + self.prior_weight * prior) / (verified + self.prior_weight)
-            rate += optimism * math.sqrt(rate * (1.0 - rate) / (verified + self.prior_weight))
+            rate = (kept + self.prior_weight * prior + optimism) / (verified + self.prior_weight + optimism)
             rates.append(min(rate, previous if rates else 1.0))
             previous = rates[-1]
         return rates
@@ -234,11 +266,16 @@ class GoodputPolicy:
     explore_margin: float = 0.05
     # Measurements of a cell before it counts as known at start-up.
     min_samples: int = 2
+    # A neighbour measured fewer times than this at the batch size is re-measured whatever its
+    # predicted goodput: two start-up steps (~15% noise each in Ray) can misprice a cell by 20%,
+    # and explore_margin alone then kept it out of reach for good.
+    confident_samples: int = 6
     # Rows that draft in a measurement step (the probe, exploration); the others verify no draft, so
     # the draft catches up these rows alone (scheduler.Scheduler._probe_rows).
     probe_rows: int = 4
-    # Standard errors added to the acceptance rates when choosing (AcceptanceEstimate.rates).
-    optimism: float = 1.0
+    # Extra kept verdicts per draft position when choosing (AcceptanceEstimate.rates). With 1, six
+    # early rejections at B = 1 kept two thirds of a 300-step run at g = 0 (tests/engine/test_goodput.py).
+    optimism: float = 2.0
     cost: StepCostModel = field(default_factory=StepCostModel)
     catch_up: CatchUpCost = field(default_factory=CatchUpCost)
     acceptance: AcceptanceEstimate | None = None
@@ -254,7 +291,7 @@ class GoodputPolicy:
 
     def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], g: int) -> float:
         """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs,
-        with the acceptance rates' upper confidence bound (`optimism`)."""
+        with the acceptance rates' optimistic prior (`optimism`)."""
         rates = self.acceptance.rates(self.optimism)
         cumulative = [0.0]
         for rate in rates:
@@ -305,7 +342,7 @@ class GoodputPolicy:
         if self.explore_every and self.num_steps % self.explore_every == 0:
             # Re-measure a neighbour of the best, so a peak that moves is followed step by step; not one
             # predicted to lose by more than explore_margin (the draft's debt included): at a large batch
-            # each such step cost a whole step's worth of tokens, and the optimistic acceptance bound
+            # each such step cost a whole step's worth of tokens, and the optimistic acceptance prior
             # already brings a neighbour back into reach once its verdicts grow old.
             neighbours = [
                 g for g in (best - 1, best + 1)
@@ -327,7 +364,11 @@ class GoodputPolicy:
     def _within_reach(
         self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float, debt_per_token: float
     ) -> bool:
-        """Whether g's predicted goodput is within explore_margin of the best's (or unknown)."""
+        """Whether g's predicted goodput is within explore_margin of the best's, or too seldom measured
+        at this batch size to tell (confident_samples)."""
+        cell = self.cost.measured(num_rows, g)
+        if cell is None or cell.count < self.confident_samples:
+            return True
         score = self.goodput(rows, num_rows, g, debt_per_token)
         return score is None or score >= (1.0 - self.explore_margin) * best_score
 
@@ -346,9 +387,9 @@ class GoodputPolicy:
 
         return key
 
-    def observe_step(self, num_rows: int, g: int, seconds: float, num_prefill_tokens: int = 0) -> None:
-        """Wall-clock seconds of a step; num_prefill_tokens: the prompt tokens it fed."""
-        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prefill_tokens)
+    def observe_step(self, num_rows: int, g: int, seconds: float, num_prompt_slots: int = 0) -> None:
+        """Wall-clock seconds of a step; num_prompt_slots: rows x the longest prompt chunk it fed."""
+        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prompt_slots)
 
     def observe_catch_up(self, seconds: float, num_tokens: int) -> None:
         """A step's catch-up forwards of the draft: seconds and the tokens they fed."""

@@ -316,7 +316,9 @@ class Scheduler:
             u=u,
             sampling=RowSampling(tuple(request.sampling for request in rows)),
             prefill_chunk_tokens=chunk,
-            num_prefill_tokens=sum(prefill),
+            num_prompt_slots=len(rows) * max(prefill, default=0),
+            # Joining rows are the last ones (rows = running + joining).
+            num_prompt_slots_apart=len(rows) * max(prefill[: len(rows) - len(joining)], default=0),
             next_g_guess=self._next_g_guess(rows, scheduled_num_draft_tokens, num_draft_tokens, g),
             ngram_ids=ngram_ids,
             from_ngram=from_ngram,
@@ -443,11 +445,12 @@ class Scheduler:
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
         self.goodput.observe_acceptance(num_draft_tokens, accepted)
         self.goodput.observe_catch_up(outcome.catch_up_s, outcome.num_catch_up_tokens)
-        # Prompt forwards run apart were timed: their seconds come off the step; the rest of the
-        # prompt tokens' cost is fitted (StepCostModel).
+        # Prompt forwards run apart were timed: their seconds come off the step; the prompt slots
+        # of the shared forward are priced by a fitted cost per slot (StepCostModel).
+        fed_apart = outcome.num_prefill_apart_tokens > 0
         self.goodput.observe_step(
             len(rows),
             plan.g,
             max(seconds - outcome.prefill_s, 0.0),
-            max(plan.num_prefill_tokens - outcome.num_prefill_apart_tokens, 0),
+            plan.num_prompt_slots_apart if fed_apart else plan.num_prompt_slots,
         )

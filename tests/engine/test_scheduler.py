@@ -102,6 +102,66 @@ def test_long_prompts_go_in_by_chunks():
     assert executor.plans[0].num_draft_tokens.tolist() == [0, 2]
 
 
+def test_the_prompts_cost_is_counted_in_padded_slots():
+    """A prompt chunk pads every row of the shared forward to its length: a step's prompt slots are
+    rows x the longest chunk fed (what goodput prices per slot), or, when the joining rows' first
+    chunks went through a forward of their own, rows x the longest chunk of the other rows."""
+    executor = RecordingExecutor()
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=1),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=4),
+        max_batch_size=3,
+    )
+    requests = [
+        Request(key="long", prompt_ids=list(range(1, 11)), budget=6, seed=0),
+        Request(key="short", prompt_ids=[1, 2], budget=2, seed=1),
+        Request(key="late", prompt_ids=[1, 2, 3, 4, 5, 6], budget=2, seed=2),
+    ]
+    list(Scheduler(config, executor).run(requests))
+    plans = executor.plans
+    # Step 1: 3 rows; chunks of 4 (long), 1 (short), 4 (late): 3 x 4 slots, all rows joining.
+    assert (plans[0].num_prompt_slots, plans[0].num_prompt_slots_apart) == (12, 0)
+    # Step 2: short finished; long feeds its second chunk of 4, late its last token.
+    assert (plans[1].num_prompt_slots, plans[1].num_prompt_slots_apart) == (8, 8)
+    # Once every prompt is in, no slots.
+    assert plans[-1].num_prompt_slots == 0
+
+
+def test_goodput_is_told_the_slots_of_the_shared_forward():
+    """Where the executor fed joining rows apart (num_prefill_apart_tokens > 0: timed and taken off
+    the step), goodput is told the other rows' slots; otherwise every row's."""
+
+    class ApartExecutor(RecordingExecutor):
+        def execute(self, plan: StepPlan) -> StepOutcome:
+            outcome = super().execute(plan)
+            # The third step's joining row went through a forward of its own.
+            outcome.num_prefill_apart_tokens = 4 if len(self.plans) == 3 else 0
+            return outcome
+
+    executor = ApartExecutor()
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=1),
+        scheduling=SchedulingConfig(prefill_chunk_tokens=4),
+        max_batch_size=2,
+    )
+    scheduler = Scheduler(config, executor)
+    told = []
+    scheduler.goodput.observe_step = lambda num_rows, g, seconds, num_prompt_slots=0: told.append(num_prompt_slots)
+    requests = [
+        Request(key="long", prompt_ids=list(range(1, 11)), budget=4, seed=0),
+        Request(key="short", prompt_ids=[1, 2], budget=2, seed=1),
+        Request(key="late", prompt_ids=list(range(1, 7)), budget=1, seed=2),
+    ]
+    list(scheduler.run(requests))
+    plans = executor.plans
+    # Steps 1-2 (the probe's g = 0 steps): long feeds chunks of 4 beside short, which then finishes.
+    assert told[:2] == [8, 8]
+    # Step 3: long feeds its last prompt token, late joins with a chunk of 4, fed apart: 2 rows x 1.
+    assert len(plans[2].new_prompts) == 1
+    assert (plans[2].num_prompt_slots, plans[2].num_prompt_slots_apart) == (8, 2)
+    assert told[2] == 2
+
+
 def test_request_seeds_depend_on_seed_and_key_only():
     assert request_seed(0, "a") == request_seed(0, "a") != request_seed(0, "b")
     assert request_seed(0, "a") != request_seed(1, "a")

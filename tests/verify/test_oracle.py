@@ -65,8 +65,9 @@ def test_lossless_with_the_goodput_schedule(method):
     model, replayed from each path's history: still exactly the target's sequence distribution."""
     from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
 
-    # A cost model where a longer block costs more, so the choice really depends on the verdicts.
-    seconds = {0: 1.0, 1: 1.25, 2: 1.45, 3: 1.6}
+    # A cost model where a longer block costs more, so the choice really depends on the verdicts
+    # (steep enough that two rejections outweigh the optimistic prior of a short history).
+    seconds = {0: 1.0, 1: 1.6, 2: 2.1, 3: 2.5}
 
     def policy(ctx, history):
         goodput = GoodputPolicy(max_draft_len=3, explore_every=0, min_samples=1)
