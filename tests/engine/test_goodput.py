@@ -213,3 +213,15 @@ def test_a_cell_mispriced_at_start_up_is_corrected():
         policy.observe_step(4, g, 0.088 if step < 2 else (0.0717, 0.0994)[g])
     assert steps[0] > 0.6 * sum(steps)
     assert abs(policy.cost.predict(4, 0) / policy.cost.predict(4, 1) - 0.0717 / 0.0994) < 0.03
+
+
+def test_a_draining_batch_does_not_re_measure_at_every_new_size():
+    """A draining batch meets a new B at every finish. A g never measured at that B is judged on its
+    prediction (from the nearest B): at B = 15, g = 1 predicted to lose ~8% is not re-measured."""
+    policy = GoodputPolicy(max_draft_len=1, explore_every=1)
+    for _ in range(policy.confident_samples):
+        policy.observe_step(16, 0, STEP_SECONDS_B16[0])
+        policy.observe_step(16, 1, STEP_SECONDS_B16[1])
+    policy.observe_acceptance([1] * 400, [1] * 140 + [0] * 260)
+    rows = [(8, RowAcceptance()) for _ in range(15)]
+    assert policy.choose_step(rows, 15) == 0 and not policy.measuring
