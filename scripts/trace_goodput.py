@@ -8,7 +8,8 @@ The job is bench_throughput's (the same length-skewed records, bf16, --runtime l
 (--repeats times). Each goodput step prints the batch size, the g chosen, the predicted seconds
 T(B, g) and expected tokens per row of every g, the acceptance rates goodput chooses with (optimistic
 prior) and their means, the rows' mean own factor, and the draft's debt as priced
-(c_catch x the sum of D_r / R_r: ms added per token a drafting step makes): what
+(c_catch x the sum of D_r / R_r: ms added per token a drafting step makes), and at the end, per g, its
+predicted seconds over the measured ones for full-batch steps without prompts: what
 docs/RESULTS.md's diagnosis of goodput at B = 16 reads. --idle-draft adds a third job: goodput's
 choice replaced by g = 0 at every step, so the draft is loaded but never drafts; its tokens/s over
 the autoregressive job's is what merely having the draft costs.
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from distributed_spec.engine.goodput import GoodputPolicy
+    from distributed_spec.engine.scheduler import Scheduler
     from distributed_spec.jobs.runner import build_generator
 
     trace = []
@@ -64,6 +66,19 @@ def main(argv: list[str] | None = None) -> None:
         return g
 
     GoodputPolicy.choose_step = traced
+    # Each step's predicted seconds T(B, g) against its measured ones (prompt forwards run apart taken
+    # off), for full-batch steps that fed no prompt: how well goodput's cost model predicts its steps.
+    checks = []
+    observe = Scheduler._observe
+
+    def checked(scheduler, rows, plan, outcome, seconds):
+        if scheduler.goodput is not None and plan.num_prompt_slots == 0 and len(rows) == args.batch_size:
+            predicted = scheduler.goodput.cost.predict(len(rows), plan.g)
+            if predicted is not None:
+                checks.append((plan.g, predicted / max(seconds - outcome.prefill_s, 1e-9)))
+        return observe(scheduler, rows, plan, outcome, seconds)
+
+    Scheduler._observe = checked
     results: dict[str, list[float]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 mode["idle"] = idle
                 if name == "goodput":
                     trace.clear()  # the last repeat's steps are printed
+                    checks.clear()
                 out = work / f"out-{repeat}-{len(results[name])}-{idle}-{name[:4]}"
                 summary = measure(generator, replace(job, verifier=policy.verifier()), out)
                 results[name].append(summary["tokens_per_s"])
@@ -105,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)
         print("steps per (B, g):", dict(sorted(steps.items())))
         print(f"goodput steps per g (last repeat): {steps_per_g}")
+        for width in sorted({g for g, _ in checks}):
+            ratios = [ratio for g, ratio in checks if g == width]
+            print(f"g = {width}: predicted / measured seconds {sum(ratios) / len(ratios):.3f} over {len(ratios)} full-batch steps without prompts")
     baseline = results["autoregressive"]
     for name, values in results.items():
         ratios = " ".join(f"{value / base:.2f}" for value, base in zip(values, baseline))
