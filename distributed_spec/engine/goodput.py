@@ -15,11 +15,11 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   both batch sizes share. A longer block never costs less than a shorter one measured at the same
   batch size (it does that step's work and more): where two cells disagree, the dearer reading
   stands, so a longer block measured low by noise does not win on it (capping the shorter cells
-  instead tied them to the low reading, and ties went to the longer block). A step that also fed prompt chunks (rows joining
-  the batch) costs more by about c x its prompt slots (rows x the longest chunk: a chunk pads every
-  row of the forward to its length, so two rows joining together cost what one does); c is
-  estimated within cells (`StepCostModel`), so every step updates its cell, also where rows join at
-  nearly every step. Counted in prompt tokens, steps where several rows joined at once looked
+  instead tied them to the low reading, and ties went to the longer block). A step that also fed
+  prompt chunks (rows joining the batch) costs more by about c x its prompt slots (rows x the
+  longest chunk: a chunk pads every row of the forward to its length, so two rows joining together
+  cost what one does); c is estimated within cells (`StepCostModel`), so every step updates its
+  cell, also where rows join at nearly every step. Counted in prompt tokens, steps where several rows joined at once looked
   cheap per token (Ray, B = 4: c read 1.26 ms a token where one row's prompt cost ~1.8), and the
   cells that fed the most prompts were priced low (T(4, 3) 104 ms against 121 measured).
 - E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
@@ -119,7 +119,7 @@ class StepCostModel:
 
     @property
     def seconds_per_prompt_slot(self) -> float:
-        """c: seconds per prompt token a step feeds (0 until steps with different prompt loads)."""
+        """c: seconds per prompt slot a step feeds (0 until steps with different prompt loads)."""
         return self._net_seconds_per_slot * math.exp(self.log_drift)
 
     @property
