@@ -50,6 +50,9 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
   steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
   with the oldest measurement is re-measured, if it is predicted within `explore_margin` of the best.
+  Neither measures a g that could not win even at the least its step can cost (the next shorter
+  block's cost, plus the draft's debt): where the draft owes a large batch its prompts, a g = 1 step
+  cannot pay whatever it costs, and measuring it again only costs.
   Such a measurement step (`measuring`) drafts for `probe_rows` rows only (the scheduler picks the
   rows owing the draft least): the target's forward is [B, g + 1] whatever each row verifies, so it
   measures T(B, g) without making the draft catch up the whole batch (docs/design.md section 3).
@@ -306,7 +309,12 @@ class GoodputPolicy:
         self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, debt_per_token: float = 0.0
     ) -> float | None:
         """Expected tokens per second of a g step; debt_per_token: sum over rows of D_r / R_r."""
-        seconds = self.cost.predict(num_rows, g)
+        return self._goodput_at(rows, g, self.cost.predict(num_rows, g), debt_per_token)
+
+    def _goodput_at(
+        self, rows: list[tuple[int, RowAcceptance]], g: int, seconds: float | None, debt_per_token: float
+    ) -> float | None:
+        """Expected tokens per second of a g step that costs `seconds` before the draft's debt."""
         if seconds is None:
             return None
         tokens = self.expected_tokens(rows, g)
@@ -314,6 +322,19 @@ class GoodputPolicy:
             # The rows' share of the draft's catch-up (module docstring), E_r taken as the mean.
             seconds += self.catch_up.seconds_per_token * debt_per_token * tokens / len(rows)
         return tokens / max(seconds, 1e-9)
+
+    def _could_win(
+        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float | None, debt_per_token: float
+    ) -> bool:
+        """Whether g could beat best_score even at the least its step can cost: no less than the
+        next shorter block at this batch size (a longer block does that step's work and more), plus
+        the draft's debt. A cell that cannot is not worth a measurement step, however few times it was
+        measured: at B = 32 the draft owes every row its prompt, and the probe's second g = 1 step and
+        the re-measurements cost ~4% of a 64-record job (docs/RESULTS.md)."""
+        if g == 0 or best_score is None:
+            return True
+        bound = self._goodput_at(rows, g, self.cost.predict(num_rows, g - 1), debt_per_token)
+        return bound is None or bound >= best_score
 
     def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, debt_per_token: float = 0.0) -> int:
         """The step's g. rows: (draft tokens the row may verify, its record) per decoding row;
@@ -332,6 +353,11 @@ class GoodputPolicy:
             if self._known(num_rows, g):
                 continue
             if g >= 2 and not self._rising(rows, num_rows, g - 1, debt_per_token):
+                candidates = candidates[:g]
+                break
+            shorter = [self.goodput(rows, num_rows, width, debt_per_token) for width in range(g)]
+            best_shorter = max((score for score in shorter if score is not None), default=None)
+            if not self._could_win(rows, num_rows, g, best_shorter, debt_per_token):
                 candidates = candidates[:g]
                 break
             self.measuring = True
@@ -365,12 +391,12 @@ class GoodputPolicy:
         self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float, debt_per_token: float
     ) -> bool:
         """Whether g's predicted goodput is within explore_margin of the best's, or measured at this
-        batch size too seldom to tell (confident_samples). A g never measured at this B is judged on
+        batch size too seldom to tell (confident_samples) while it could still win (`_could_win`). A g never measured at this B is judged on
         its prediction: a draining batch meets a new B at every finish, and re-measuring each one
         made goodput draft in a fifth of the steps at B = 16 and 32."""
         cell = self.cost.measured(num_rows, g)
         if cell is not None and cell.count < self.confident_samples:
-            return True
+            return self._could_win(rows, num_rows, g, best_score, debt_per_token)
         score = self.goodput(rows, num_rows, g, debt_per_token)
         return score is None or score >= (1.0 - self.explore_margin) * best_score
 

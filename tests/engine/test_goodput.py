@@ -225,3 +225,32 @@ def test_a_draining_batch_does_not_re_measure_at_every_new_size():
     policy.observe_acceptance([1] * 400, [1] * 140 + [0] * 260)
     rows = [(8, RowAcceptance()) for _ in range(15)]
     assert policy.choose_step(rows, 15) == 0 and not policy.measuring
+
+
+def test_a_block_that_cannot_win_at_any_cost_is_not_measured_again():
+    """B = 32 on 2 cores: T(32, 1) / T(32, 0) = 1.8, and the draft owes every row its ~60-token
+    prompt with ~30 tokens to go. Once the first g = 1 step has priced the catch-up, g = 1 cannot win
+    even at g = 0's cost, so neither the probe's second step nor the re-measurements of a
+    seldom-measured neighbour are run. Without the debt it is measured confident_samples times."""
+
+    def steps_per_g(debt_per_token: float) -> list[int]:
+        num_rows = 32
+        policy = GoodputPolicy(max_draft_len=1)
+        rng = random.Random(0)
+        records = [RowAcceptance() for _ in range(num_rows)]
+        steps = [0, 0]
+        for _ in range(200):
+            g = policy.choose_step([(8, record) for record in records], num_rows, debt_per_token)
+            steps[g] += 1
+            accepted = [int(g > 0 and rng.random() < 0.5) for _ in records]
+            for record, kept in zip(records, accepted):
+                record.observe(kept, policy.predicted_accepted(g))
+            policy.observe_acceptance([g] * num_rows, accepted)
+            policy.observe_step(num_rows, g, {0: 0.065, 1: 0.117}[g])
+            if g > 0 and debt_per_token > 0:
+                # The measurement step's probe rows caught up: 4 rows x 60 tokens at 0.5 ms.
+                policy.observe_catch_up(0.12, 240)
+        return steps
+
+    assert steps_per_g(debt_per_token=0.0)[1] == GoodputPolicy(max_draft_len=1).confident_samples
+    assert steps_per_g(debt_per_token=32 * 60 / 30)[1] == 1
