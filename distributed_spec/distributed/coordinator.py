@@ -17,6 +17,11 @@ statistics); this class only runs each planned step on the actors (docs/design.m
 2. every shard: `score_and_verify(block, StepRequest)`; the block goes from the draft straight to
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
+A step without the draft model (g = 0, as goodput runs most steps at a large batch) that does not
+catch it up either calls neither 1 nor 3: the coordinator holds that step's request and verdict
+back and sends the held steps in one `replay` call before the draft's next `step`, which applies
+them in order as those calls would have (the draft is idle in such steps and owes nothing until it
+drafts; on 2 CPU cores, its two calls per step cost the target's forwards their time).
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
@@ -118,6 +123,8 @@ class RuntimeTimings:
     # Blocks drafted ahead that were used / drafted in all.
     num_overlap_hits: int = 0
     num_restarts: int = 0
+    # Steps without the draft whose row changes and verdict reached it later, in one replay call.
+    num_draft_steps_held: int = 0
 
     def fractions(self) -> dict[str, float]:
         """Share of the iteration time per part (draft, transfer, target, verify, coordinator)."""
@@ -165,6 +172,8 @@ class RayCoordinator:
         self._num_launches = 0
         # The calls of the step in progress (a failed step's others are waited for).
         self._step_refs: list[ray.ObjectRef] = []
+        # Steps run without the draft, not sent to it yet: (its DraftRequest, rank 0's StepResult).
+        self._held_draft_steps: list[tuple[DraftRequest, StepResult]] = []
         # Tests: called with the iteration index after each iteration (e.g. to kill a shard).
         self.on_iteration: Callable[[int], None] | None = None
         atexit.register(self.close)
@@ -197,6 +206,7 @@ class RayCoordinator:
 
     def close(self) -> None:
         """Kill every actor and release the placement group; idempotent."""
+        self._held_draft_steps = []
         if self.actors is not None:
             actors, self.actors = self.actors, None
             teardown(actors)
@@ -294,6 +304,7 @@ class RayCoordinator:
                     refs.append(self.actors.draft.begin.remote(settings))
                 self._wait(refs, self.runtime.load_timeout_s)
                 self._first_step = True
+                self._held_draft_steps = []
                 return
             except LoadTimeoutError:
                 raise  # a configuration matter (parallel.load_timeout_s), not a fault to retry
@@ -358,6 +369,12 @@ class RayCoordinator:
                 num_paths=plan.num_paths,
                 draft_rows=plan.draft_rows,
             )
+        # A step the draft sits out is held back and replayed before its next step (module docstring).
+        hold = draft is not None and model_g == 0 and not draft_request.catch_up
+        if draft is not None and not hold:
+            if self._held_draft_steps:
+                draft.replay.remote(self._held_draft_steps)
+                self._held_draft_steps = []
             blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
         if model_g == 0:
             # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
@@ -371,7 +388,7 @@ class RayCoordinator:
             shard.score_and_verify.remote(shard_block(blocks, rank, self._wire), request)
             for rank, shard in enumerate(actors.shards)
         ]
-        if draft is not None:
+        if draft is not None and not hold:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
             # Drafting ahead assumes the draft drafted every row's block (no n-gram rows), one path per
             # row (it continues the block being verified; a K-path step keeps its path only then).
@@ -390,6 +407,9 @@ class RayCoordinator:
         timeout_s = self.runtime.load_timeout_s if self._first_step else self.runtime.step_timeout_s
         result: StepResult = self._wait(result_refs, timeout_s)[0]
         self._first_step = False
+        if hold:
+            self._held_draft_steps.append((draft_request, result))
+            self.timings.num_draft_steps_held += 1
         answered = time.perf_counter()
         outcome = StepOutcome(
             accepted_counts=result.accepted_counts,
@@ -440,6 +460,7 @@ class RayCoordinator:
 
     def _restart(self, error: BaseException) -> None:
         """Tear the dead runtime down; the next start() launches a fresh one."""
+        self._held_draft_steps = []
         if self.actors is not None:
             actors, self.actors = self.actors, None
             teardown(actors)

@@ -292,6 +292,13 @@ class DraftWorker:
         """Remember rank 0's verdict; it is applied at the next `step`, which knows the kept rows."""
         self.result = result
 
+    def replay(self, steps: list[tuple[DraftRequest, StepResult]]) -> None:
+        """Steps the coordinator ran without the draft (g = 0, no catch-up) and held back: each one's
+        row changes and verdict, in order, as its `step` and `commit` calls would have applied them."""
+        for request, result in steps:
+            self.step(request)
+            self.commit(result)
+
     def shutdown(self) -> None:
         self.runner = None
         self.side = None
