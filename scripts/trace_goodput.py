@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         for num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms in trace:
             print(
                 f"{num_rows:<2} {g}  | {' '.join(ms(value) for value in seconds)} | "
-                f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in optimistic[:2])} | "
-                f"{' '.join(f'{r:.2f}' for r in rates[:2])} | {factor:.2f} | {debt_ms:.1f}"
+                f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in optimistic)} | "
+                f"{' '.join(f'{r:.2f}' for r in rates)} | {factor:.2f} | {debt_ms:.1f}"
             )
         steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)
         print("steps per (B, g):", dict(sorted(steps.items())))
