@@ -17,11 +17,11 @@ statistics); this class only runs each planned step on the actors (docs/design.m
 2. every shard: `score_and_verify(block, StepRequest)`; the block goes from the draft straight to
    the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
 3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
-A step without the draft model (g = 0, as goodput runs most steps at a large batch) that does not
-catch it up either calls neither 1 nor 3: the coordinator holds that step's request and verdict
-back and sends the held steps in one `replay` call before the draft's next `step`, which applies
-them in order as those calls would have (the draft is idle in such steps and owes nothing until it
-drafts; on 2 CPU cores, its two calls per step cost the target's forwards their time).
+A step that neither runs the draft model (g = 0, as goodput runs most steps at a large batch) nor
+catches it up makes neither call 1 nor call 3: the coordinator holds that step's request and
+verdict back and sends the held steps in one `replay` call before the draft's next `step`, which
+applies them in order as those calls would have (the draft is idle in such steps and owes nothing
+until it drafts).
 With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep

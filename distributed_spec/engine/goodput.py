@@ -19,9 +19,10 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   prompt chunks (rows joining the batch) costs more by about c x its prompt slots (rows x the
   longest chunk: a chunk pads every row of the forward to its length, so two rows joining together
   cost what one does); c is estimated within cells (`StepCostModel`), so every step updates its
-  cell, also where rows join at nearly every step. Counted in prompt tokens, steps where several rows joined at once looked
-  cheap per token (Ray, B = 4: c read 1.26 ms a token where one row's prompt cost ~1.8), and the
-  cells that fed the most prompts were priced low (T(4, 3) 104 ms against 121 measured).
+  cell, also where rows join at nearly every step. Counted in prompt tokens, steps where several
+  rows joined at once looked cheap per token (Ray, B = 4: c read 1.26 ms a token where one row's
+  prompt cost ~1.8), and the cells that fed the most prompts were priced low (T(4, 3) 104 ms
+  against 121 measured).
 - E[tokens | g] = 1 + sum_{i <= g} a_i * f_row, with a_i the running fraction of rows that kept draft
   position i among those that verified it (`AcceptanceEstimate`, decayed so it follows the text),
   and f_row a per-row factor (the row's accepted tokens over what a_i predicted for it, shrunk to 1
@@ -391,9 +392,10 @@ class GoodputPolicy:
         self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float, debt_per_token: float
     ) -> bool:
         """Whether g's predicted goodput is within explore_margin of the best's, or measured at this
-        batch size too seldom to tell (confident_samples) while it could still win (`_could_win`). A g never measured at this B is judged on
-        its prediction: a draining batch meets a new B at every finish, and re-measuring each one
-        made goodput draft in a fifth of the steps at B = 16 and 32."""
+        batch size too seldom to tell (confident_samples) while it could still win (`_could_win`).
+        A g never measured at this B is judged on its prediction: a draining batch meets a new B at
+        every finish, and re-measuring each one made goodput draft in a fifth of the steps at B = 16
+        and 32."""
         cell = self.cost.measured(num_rows, g)
         if cell is not None and cell.count < self.confident_samples:
             return self._could_win(rows, num_rows, g, best_score, debt_per_token)

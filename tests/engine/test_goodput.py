@@ -36,6 +36,28 @@ def _simulate(optimism: float, num_steps: int = 300) -> list[int]:
     return steps
 
 
+def _steps_per_g(
+    num_rows: int, step_seconds: dict[int, float], keep_rate: float, debt_per_token: float = 0.0
+) -> list[int]:
+    """A 200-step run at B = num_rows, max_draft_len 1: each drafted row keeps its token with
+    keep_rate. With a debt, each drafting step's probe rows catch up 4 rows x 60 tokens at 0.5 ms."""
+    policy = GoodputPolicy(max_draft_len=1)
+    rng = random.Random(0)
+    records = [RowAcceptance() for _ in range(num_rows)]
+    steps = [0, 0]
+    for _ in range(200):
+        g = policy.choose_step([(8, record) for record in records], num_rows, debt_per_token)
+        steps[g] += 1
+        accepted = [int(g > 0 and rng.random() < keep_rate) for _ in records]
+        for record, kept in zip(records, accepted):
+            record.observe(kept, policy.predicted_accepted(g))
+        policy.observe_acceptance([g] * num_rows, accepted)
+        policy.observe_step(num_rows, g, step_seconds[g])
+        if g > 0 and debt_per_token > 0:
+            policy.observe_catch_up(0.12, 240)
+    return steps
+
+
 def test_early_rejections_do_not_stop_drafting_for_good():
     """With the mean alone, six unlucky rejections at start-up keep the policy at g = 0 (seen in a
     B = 1 job run); the optimistic prior (the default's extra kept verdicts) brings it back to
@@ -124,23 +146,8 @@ def test_a_neighbour_that_clearly_loses_is_not_re_measured():
     re-measurements every 24 steps) it is not re-measured again (each such step cost a step's worth
     of tokens); at B = 4, where g = 0 and 1 are close, the neighbours still are."""
 
-    def steps_per_g(num_rows: int, step_seconds: dict[int, float]) -> list[int]:
-        policy = GoodputPolicy(max_draft_len=1)
-        rng = random.Random(0)
-        records = [RowAcceptance() for _ in range(num_rows)]
-        steps = [0, 0]
-        for _ in range(200):
-            g = policy.choose_step([(8, record) for record in records], num_rows)
-            steps[g] += 1
-            accepted = [int(g > 0 and rng.random() < 0.44) for _ in records]
-            for record, kept in zip(records, accepted):
-                record.observe(kept, policy.predicted_accepted(g))
-            policy.observe_acceptance([g] * num_rows, accepted)
-            policy.observe_step(num_rows, g, step_seconds[g])
-        return steps
-
-    assert steps_per_g(16, {0: 0.063, 1: 0.100})[1] == GoodputPolicy(max_draft_len=1).confident_samples
-    at_b4 = steps_per_g(4, {0: 0.050, 1: 0.070})
+    assert _steps_per_g(16, {0: 0.063, 1: 0.100}, 0.44)[1] == GoodputPolicy(max_draft_len=1).confident_samples
+    at_b4 = _steps_per_g(4, {0: 0.050, 1: 0.070}, 0.44)
     assert at_b4[0] > 2 and at_b4[1] > 2
 
 
@@ -232,25 +239,6 @@ def test_a_block_that_cannot_win_at_any_cost_is_not_measured_again():
     prompt with ~30 tokens to go. Once the first g = 1 step has priced the catch-up, g = 1 cannot win
     even at g = 0's cost, so neither the probe's second step nor the re-measurements of a
     seldom-measured neighbour are run. Without the debt it is measured confident_samples times."""
-
-    def steps_per_g(debt_per_token: float) -> list[int]:
-        num_rows = 32
-        policy = GoodputPolicy(max_draft_len=1)
-        rng = random.Random(0)
-        records = [RowAcceptance() for _ in range(num_rows)]
-        steps = [0, 0]
-        for _ in range(200):
-            g = policy.choose_step([(8, record) for record in records], num_rows, debt_per_token)
-            steps[g] += 1
-            accepted = [int(g > 0 and rng.random() < 0.5) for _ in records]
-            for record, kept in zip(records, accepted):
-                record.observe(kept, policy.predicted_accepted(g))
-            policy.observe_acceptance([g] * num_rows, accepted)
-            policy.observe_step(num_rows, g, {0: 0.065, 1: 0.117}[g])
-            if g > 0 and debt_per_token > 0:
-                # The measurement step's probe rows caught up: 4 rows x 60 tokens at 0.5 ms.
-                policy.observe_catch_up(0.12, 240)
-        return steps
-
-    assert steps_per_g(debt_per_token=0.0)[1] == GoodputPolicy(max_draft_len=1).confident_samples
-    assert steps_per_g(debt_per_token=32 * 60 / 30)[1] == 1
+    step_seconds = {0: 0.065, 1: 0.117}
+    assert _steps_per_g(32, step_seconds, 0.5)[1] == GoodputPolicy(max_draft_len=1).confident_samples
+    assert _steps_per_g(32, step_seconds, 0.5, debt_per_token=32 * 60 / 30)[1] == 1
