@@ -28,8 +28,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Cache, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from distributed_spec.models.lean_llama import decoder_forward, supports_lean_forward
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
     forward keeps LlamaForCausalLM's interface (attention_mask, position_ids, KV cache, use_cache,
     logits_to_keep) and returns logits [B, T, V], so callers see an ordinary causal LM.
     """
+
+    # Inference steps through models/lean_llama.py (False: transformers' own forward, for comparison).
+    lean_forward: bool = True
 
     def __init__(self, config: LlamaConfig, sub_vocab_ids: torch.Tensor):
         super().__init__(config)
@@ -77,15 +82,22 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
     ) -> CausalLMOutputWithPast:
         # The KV cache travels in kwargs under whichever name this transformers version uses
         # (`cache` in 5.x, `past_key_values` before); LlamaModel resolves it.
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
-        hidden_states = outputs.last_hidden_state
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if self._lean_call(input_ids, attention_mask, position_ids, cache, use_cache, kwargs):
+            # The engine's calls (slot mask, positions, cache): plain torch, no module plumbing.
+            hidden_states = decoder_forward(self.model, input_ids, attention_mask, position_ids, cache)
+            extra = {"cache": cache}
+        else:
+            outputs = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                use_cache=use_cache,
+                **kwargs,
+            )
+            hidden_states = outputs.last_hidden_state
+            extra = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         if isinstance(logits_to_keep, int):
             hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
         else:
@@ -95,8 +107,24 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
         # (3.5 ms instead of 0.3 ms per draft step with K = 8192).
         hidden_states = hidden_states.clone(memory_format=torch.contiguous_format)
         logits = self.scatter_to_vocab(self.sub_vocab_logits(hidden_states))
-        extra = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return CausalLMOutputWithPast(logits=logits, **extra)
+
+    def _lean_call(self, input_ids, attention_mask, position_ids, cache, use_cache, kwargs) -> bool:
+        """Whether this call is an inference step that models/lean_llama.py computes: token ids, a 2D
+        slot mask, explicit positions and a cache, nothing asked of the modules (attentions, hidden
+        states), a config it supports. Training and evaluation without a cache go through transformers."""
+        return (
+            self.lean_forward
+            and not self.training
+            and input_ids is not None
+            and attention_mask is not None
+            and attention_mask.dim() == 2
+            and position_ids is not None
+            and isinstance(cache, Cache)
+            and use_cache is not False
+            and not (set(kwargs) - {"cache", "past_key_values"})
+            and supports_lean_forward(self.config)
+        )
 
 
 def draft_llama_config(target_config, num_hidden_layers: int, intermediate_size: int) -> LlamaConfig:

@@ -33,3 +33,40 @@ def test_goodput_is_compared_with_the_fixed_g_policies_of_its_own_proposer():
     assert "| local | 0 | 4 | model | g=2 conf0.4 | 1.06 | 1.05 | 0.991 |" in goodput_table
     assert "| local | 0 | 4 | model+ngram | g=2 model+ngram | 1.13 | 1.10 | 0.973 |" in goodput_table
     assert bench_throughput.proposer_of("g=3 ngram") == "ngram" and bench_throughput.proposer_of("goodput") == "model"
+
+
+def _measurement(runtime: str, batch_size: int, seed: int, tokens_per_s: float) -> bench_throughput.Measurement:
+    return bench_throughput.Measurement(
+        runtime=runtime, policy="autoregressive", batching="continuous", temperature=0.0, batch_size=batch_size,
+        seed=seed, tokens_per_s=tokens_per_s, block_efficiency=1.0, num_tokens=10,
+    )
+
+
+def test_a_later_run_replaces_whole_cells_of_an_earlier_one():
+    grid = [_measurement("local", 4, seed, 10.0) for seed in (0, 1, 2)] + [_measurement("ray1", 4, 0, 5.0)]
+    rerun = [_measurement("local", 4, seed, 20.0) for seed in (0, 1)]
+    merged = bench_throughput.merge_measurements([grid, rerun])
+    local = [m for m in merged if m.runtime == "local"]
+    # The rerun's two seeds stand alone: seed 2 of the old run does not survive beside them.
+    assert sorted(m.seed for m in local) == [0, 1] and all(m.tokens_per_s == 20.0 for m in local)
+    assert [m.tokens_per_s for m in merged if m.runtime == "ray1"] == [5.0]
+
+
+def test_merge_reports_the_runs_read_back_from_their_folders(tmp_path):
+    from scripts.common import save_results
+
+    for name, speed in (("a", 10.0), ("b", 30.0)):
+        runs = [_measurement("local", 1 if name == "a" else 4, 0, speed)]
+        save_results(tmp_path / name, runs, bench_throughput.table(runs), "", lambda rows, out: None)
+    bench_throughput.main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "all")])
+    text = (tmp_path / "all" / "results.md").read_text()
+    assert "| local | 0 | 1 | autoregressive | continuous | 10.0 |" in text
+    assert "| local | 0 | 4 | autoregressive | continuous | 30.0 |" in text
+
+
+def test_the_report_counts_the_cells_that_meet_the_goodput_goal():
+    rows = [_row("autoregressive", 1.0), _row("g=1", 1.10), _row("goodput", 1.05)]
+    text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
+    assert "goodput / best >= 0.97 in 0 of 1 cells." in text
+    rows[-1] = _row("goodput", 1.08)
+    assert "in 1 of 1 cells." in bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
