@@ -2,10 +2,14 @@
 
     python -m scripts.bench_draft_forward                       # the bundled distilled draft, bf16
     python -m scripts.bench_draft_forward --threads 1 --batch-sizes 1 4
+    python -m scripts.bench_draft_forward --jobs --batch-sizes 1 4        # whole jobs, fixed g = 2
 
 One draft token per row (what a block costs per position on top of the target's forward) through
 the engine's ModelRunner on the job's own pair, after a --context-token prompt per row; the two paths
-take turns, --repeats rounds of --iters forwards each, median per round. Writes nothing.
+take turns, --repeats rounds of --iters forwards each, median per round. With --jobs, whole jobs
+instead (bench_throughput's 64 length-skewed records, local runtime, greedy, fixed g = --num-draft-tokens,
+the same tokens on either path): autoregressive, the draft through transformers, the draft through the
+lean path, taking turns --repeats times; tokens/s, mean over rounds. Writes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +38,30 @@ def time_forward(runner, batch_size: int, context: int, iters: int) -> float:
     return statistics.median(seconds)
 
 
+def time_jobs(generator, args, batch_size: int, work: Path) -> list[float]:
+    """Mean tokens/s of [autoregressive, transformers' draft forward, lean draft forward] jobs."""
+    from dataclasses import replace
+
+    from scripts.bench_throughput import Policy, write_records
+    from scripts.common import measure
+
+    write_records(work / "records.jsonl", args.num_records)
+    job = base_job(argparse.Namespace(tiny=False, dtype=args.dtype), "local", work / "records.jsonl")
+    job = replace(job, data=replace(job.data, batch_size=batch_size), sampling=replace(job.sampling, temperature=0.0))
+    draft_class = type(generator.engine.draft_runner.model)
+    autoregressive = Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1)
+    fixed = Policy(f"g={args.num_draft_tokens}", g=args.num_draft_tokens, max_draft_len=args.num_draft_tokens)
+    cases = [(autoregressive, True), (fixed, False), (fixed, True)]
+    speeds: list[list[float]] = [[] for _ in cases]
+    for round_index in range(args.repeats):
+        for index, (policy, lean) in enumerate(cases):
+            draft_class.lean_forward = lean
+            summary = measure(generator, replace(job, verifier=policy.verifier()), work / f"out-{round_index}-{index}")
+            speeds[index].append(summary["tokens_per_s"])
+    draft_class.lean_forward = True
+    return [statistics.mean(values) for values in speeds]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
@@ -42,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--jobs", action="store_true", help="whole jobs instead of single forwards")
+    parser.add_argument("--num-records", type=int, default=64, help="--jobs: records per job")
+    parser.add_argument("--num-draft-tokens", type=int, default=2, help="--jobs: the fixed g")
     args = parser.parse_args(argv)
 
     from distributed_spec.jobs.runner import build_generator
@@ -53,6 +84,22 @@ def main(argv: list[str] | None = None) -> None:
     model = runner.model
     if not hasattr(model, "lean_forward"):
         raise SystemExit(f"the job's draft ({type(model).__name__}) has no lean path")
+    if args.jobs:
+        import tempfile
+
+        rows = []
+        for batch_size in args.batch_sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                autoregressive, transformers_tps, lean_tps = time_jobs(generator, args, batch_size, Path(tmp))
+            rows.append([batch_size, f"{autoregressive:.1f}", f"{transformers_tps:.1f}", f"{lean_tps:.1f}",
+                         f"{transformers_tps / autoregressive:.3f}", f"{lean_tps / autoregressive:.3f}",
+                         f"{lean_tps / transformers_tps:.3f}"])
+        generator.close()
+        print(f"whole jobs, {args.num_records} records, g = {args.num_draft_tokens}, greedy, {args.dtype}, "
+              f"{args.threads} thread(s), mean of {args.repeats} rounds (tokens/s)")
+        print(markdown_table(["B", "autoregressive", "transformers draft", "lean draft", "transformers x AR",
+                              "lean x AR", "lean / transformers"], rows))
+        return
     rows = []
     for batch_size in args.batch_sizes:
         times: dict[bool, list[float]] = {True: [], False: []}
