@@ -68,5 +68,8 @@ def test_the_report_counts_the_cells_that_meet_the_goodput_goal():
     rows = [_row("autoregressive", 1.0), _row("g=1", 1.10), _row("goodput", 1.05)]
     text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
     assert "goodput / best >= 0.97 in 0 of 1 cells." in text
-    rows[-1] = _row("goodput", 1.08)
+    rows[-1] = _row("goodput", 1.0675)  # 0.9705 of g=1: met
     assert "in 1 of 1 cells." in bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
+    rows[-1] = _row("goodput", 1.0669)  # 0.96991: printed as 0.970, and not met
+    text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
+    assert "| 0.970 |" in text and "in 0 of 1 cells." in text
