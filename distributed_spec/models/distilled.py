@@ -60,6 +60,8 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
         # The full [V, hidden] head built by the parent is replaced: only K rows are ever used.
         self.lm_head = nn.Linear(config.hidden_size, sub_vocab_ids.numel(), bias=False)
         self.register_buffer("sub_vocab_ids", sub_vocab_ids.long(), persistent=False)
+        # Decided once: the config does not change, and its getattrs cost on every draft forward.
+        self._lean_config = supports_lean_forward(config)
 
     def sub_vocab_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [..., hidden] -> logits over the sub-vocabulary [..., K]."""
@@ -123,7 +125,7 @@ class SubVocabLlamaForCausalLM(LlamaForCausalLM):
             and isinstance(cache, Cache)
             and use_cache is not False
             and not (set(kwargs) - {"cache", "past_key_values"})
-            and supports_lean_forward(self.config)
+            and self._lean_config
         )
 
 

@@ -3,11 +3,11 @@
     from distributed_spec.models.lean_llama import decoder_forward, supports_lean_forward
     hidden = decoder_forward(model.model, input_ids, attention_mask, position_ids, cache)   # [B, n, hidden]
 
-Why: a small draft spends most of a forward in module plumbing, not arithmetic. The distilled draft
-(2 layers, hidden 576) does ~15 small matmuls per token, while `LlamaModel.forward` builds its mask,
-dispatches through kernel-hub and deprecation wrappers, and calls ~70 modules (docs/design.md
-section 3, "The draft's forward"). The same math as ~40 torch calls makes a draft token cheaper, which
-is what a block costs on top of the target's forward at batch 1.
+Why: around the distilled draft's ~15 small matmuls per token (2 layers, hidden 576),
+`LlamaModel.forward` builds its mask and dispatches through ~70 modules with kernel-hub and
+deprecation wrappers. Skipping that saves 0.3-0.7 ms of a 2.4-10 ms draft forward on 2 CPU cores
+(`python -m scripts.bench_draft_forward`; the matmuls are the rest), and every drafted token pays
+it on top of the target's forward (docs/design.md section 3, "The draft's forward").
 
 Same results as `LlamaModel.forward` with an explicit 2D slot mask, position ids and a KV cache (the
 way engine/runner.py calls it), up to float summation order: RMSNorm in float32 cast back, RoPE
