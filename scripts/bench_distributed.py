@@ -64,7 +64,7 @@ class Row:
 
 def bench_engine(engine: SpeculativeEngine, prompts: list[list[int]], batch_size: int) -> tuple[Row, list]:
     config = engine.config
-    engine.config = replace(config, sampling=replace(config.sampling.params, max_new_tokens=2))
+    engine.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
     engine.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     engine.config = config
     results, stats = engine.generate_with_stats(prompts[:batch_size])
@@ -90,7 +90,7 @@ def bench_ray(
 ) -> Row:
     coordinator.runtime = runtime
     config = coordinator.config
-    coordinator.config = replace(config, sampling=replace(config.sampling.params, max_new_tokens=2))
+    coordinator.config = replace(config, sampling=replace(config.sampling, max_new_tokens=2))
     coordinator.generate(prompts[:batch_size])  # warm-up: first calls allocate and tune kernels
     coordinator.config = config
     start = time.perf_counter()

@@ -12,13 +12,17 @@ four long; natural EOS shortens more), written as a job input file. Every measur
 once per runtime; tokens/s is the job's own figure (generated tokens over its wall-clock).
 
 Policies, all in one run, taking turns within each (runtime, temperature, batch size, seed) so the
-machine's drift hits them alike: autoregressive (the target alone), constant g for each --num-draft-tokens,
+machine's drift hits them alike; the order of the turns rotates by one policy from each seed to the
+next (goodput, listed last, ran last in every seed before: a slow spell late in a seed's turns then
+fell on it alone, see `turn_order`): autoregressive (the target alone), constant g for each --num-draft-tokens,
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
 max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
 --static-batch-sizes. Runtimes: local (the single-process engine) and Ray at TP = 1 and 2 (ray1,
 ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
-At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
+The goodput table shows, per cell, autoregressive's fastest seed over its slowest: at T = 0 the
+seeds do identical work, so that spread is the host's own run-to-run noise, the yardstick for
+goodput / best. At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
 policy on 2 cores). Writes results.json, results.md and tokens_per_s_vs_batch.png into --out.
 
     python -m scripts.bench_throughput --merge DIR [DIR ...] --out DIR    # one report from several runs
@@ -130,6 +134,15 @@ def policies(args: argparse.Namespace) -> list[Policy]:
     return result
 
 
+def turn_order(cases: list, seed_index: int) -> list:
+    """The cases of one seed in the order they run: rotated left by seed_index, so that across seeds each
+    policy takes different places in the turns instead of one policy always running first or last."""
+    if not cases:
+        return cases
+    shift = seed_index % len(cases)
+    return cases[shift:] + cases[:shift]
+
+
 def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
     from distributed_spec.jobs.runner import build_generator
 
@@ -149,13 +162,13 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
         try:
             for temperature in args.temperatures:
                 for batch_size in batch_sizes:
-                    for seed in args.seeds:
+                    for seed_index, seed in enumerate(args.seeds):
                         cases = [(policy, "continuous") for policy in runtime_policies]
                         if runtime == "local" and batch_size in args.static_batch_sizes:
                             cases += [
                                 (policy, "static") for policy in runtime_policies if policy.name in args.static_policies
                             ]
-                        for policy, batching in cases:
+                        for policy, batching in turn_order(cases, seed_index):
                             path = b1_path if batch_size == 1 else input_path
                             case_job = replace(
                                 job,
@@ -222,6 +235,8 @@ def table(measurements: list[Measurement]) -> list[dict]:
                     "tokens_per_s": mean([m.tokens_per_s for m in runs]),
                     "ratio": mean(ratios),
                     "ratio_min": min(ratios) if ratios else float("nan"),
+                    # Fastest seed over the slowest (at T = 0 autoregressive's seeds do identical work).
+                    "spread": max(m.tokens_per_s for m in runs) / min(m.tokens_per_s for m in runs) if runs else float("nan"),
                     "block_efficiency": mean([m.block_efficiency for m in runs]),
                     "seeds": len(runs),
                     "steps_per_draft_len": steps,
@@ -259,11 +274,14 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
             ]
             best = max(others, key=lambda r: r["ratio"])
             goodput_over_best.append(goodput["ratio"] / best["ratio"])
+            autoregressive = next((r for r in cell if r["policy"] == "autoregressive"), None)
+            spread = "-" if autoregressive is None else f"{autoregressive.get('spread', float('nan')):.2f}"
             goodput_rows.append([runtime, f"{temperature:g}", batch_size, proposer, best["policy"], f"{best['ratio']:.2f}",
-                                 f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}"])
+                                 f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}", spread])
     lines += ["", "Goodput against the best of autoregressive and the fixed-g policies of its proposer (continuous batching):", ""]
     lines.append(markdown_table(
-        ["runtime", "T", "B", "proposer", "best other", "its x AR", "goodput x AR", "goodput / best"], goodput_rows
+        ["runtime", "T", "B", "proposer", "best other", "its x AR", "goodput x AR", "goodput / best",
+         "AR fastest / slowest seed"], goodput_rows
     ))
     if goodput_rows:
         # Issue 26's goal: goodput >= 0.97 x the best other policy in every cell.

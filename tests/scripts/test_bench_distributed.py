@@ -31,3 +31,30 @@ def test_vocab_parallel_runs_only_where_there_is_a_vocabulary_to_split():
     ]
     vocab = [runtime for _, runtime in ray_variants(ParallelConfig(runtime="ray", device="cpu", backend="gloo", tp_size=2), ["vocab_parallel"])]
     assert len(vocab) == 2 and all(runtime.verify == "vocab_parallel" for runtime in vocab)
+
+
+def test_bench_engine_warms_up_then_times_the_configured_run():
+    """The engine half of the benchmark on a tiny pair: a short warm-up call, then the configured run
+    (its config restored), and a row whose shares are of that run. The warm-up once replaced
+    SamplingParams instead of the sampling config and the script failed before its first row."""
+    import torch
+
+    from distributed_spec.engine import EngineConfig, SpeculativeEngine
+    from distributed_spec.engine.config import SamplingConfig, VerifierConfig
+    from distributed_spec.models.tiny import perturbed_copy, tiny_llama
+    from scripts.bench_distributed import bench_engine
+
+    torch.manual_seed(0)
+    target = tiny_llama(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_scale=8.0)
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", num_draft_tokens=2),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=6),
+        max_batch_size=2,
+    )
+    engine = SpeculativeEngine(target, perturbed_copy(target, noise=0.3, seed=1), config)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    row, results = bench_engine(engine, prompts, batch_size=2)
+    assert engine.config == config
+    assert [len(result.token_ids) for result in results] == [6, 6]
+    assert row.setup == "engine (1 process)" and row.batch_size == 2 and row.tokens_per_s > 0
+    assert 0 < sum(row.shares.values()) <= 1.0 + 1e-6 and row.shares["transfer"] == 0.0

@@ -73,3 +73,29 @@ def test_the_report_counts_the_cells_that_meet_the_goodput_goal():
     rows[-1] = _row("goodput", 1.0669)  # 0.96991: printed as 0.970, and not met
     text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
     assert "| 0.970 |" in text and "in 0 of 1 cells." in text
+
+
+def test_the_turns_rotate_from_seed_to_seed():
+    cases = ["autoregressive", "g=1", "g=2", "goodput"]
+    orders = [bench_throughput.turn_order(cases, index) for index in range(4)]
+    assert orders[0] == cases and orders[1] == ["g=1", "g=2", "goodput", "autoregressive"]
+    # Over as many seeds as policies, every policy runs once in every place of the turns.
+    assert all(sorted(order[place] for order in orders) == sorted(cases) for place in range(len(cases)))
+    assert bench_throughput.turn_order([], 3) == []
+
+
+def test_the_goodput_table_shows_autoregressive_spread_over_seeds():
+    def measurement(policy: str, seed: int, tokens_per_s: float) -> bench_throughput.Measurement:
+        return bench_throughput.Measurement(
+            runtime="local", policy=policy, batching="continuous", temperature=0.0, batch_size=4, seed=seed,
+            tokens_per_s=tokens_per_s, block_efficiency=1.0, num_tokens=10,
+        )
+
+    runs = [measurement("autoregressive", 0, 40.0), measurement("autoregressive", 1, 50.0)]
+    runs += [measurement("goodput", 0, 42.0), measurement("goodput", 1, 50.0)]
+    rows = bench_throughput.table(runs)
+    autoregressive = next(row for row in rows if row["policy"] == "autoregressive")
+    assert autoregressive["spread"] == 1.25
+    text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
+    # goodput x AR is the mean of 1.05 and 1.00; the last column the seeds' 50 / 40.
+    assert "| local | 0 | 4 | model | autoregressive | 1.00 | 1.02 | 1.025 | 1.25 |" in text
