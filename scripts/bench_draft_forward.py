@@ -53,12 +53,16 @@ def time_jobs(generator, args, batch_size: int, work: Path) -> list[float]:
     fixed = Policy(f"g={args.num_draft_tokens}", g=args.num_draft_tokens, max_draft_len=args.num_draft_tokens)
     cases = [(autoregressive, True), (fixed, False), (fixed, True)]
     speeds: list[list[float]] = [[] for _ in cases]
-    for round_index in range(args.repeats):
-        for index, (policy, lean) in enumerate(cases):
-            draft_class.lean_forward = lean
-            summary = measure(generator, replace(job, verifier=policy.verifier()), work / f"out-{round_index}-{index}")
-            speeds[index].append(summary["tokens_per_s"])
-    draft_class.lean_forward = True
+    shipped = draft_class.lean_forward
+    try:
+        for round_index in range(args.repeats):
+            for index, (policy, lean) in enumerate(cases):
+                draft_class.lean_forward = lean
+                summary = measure(generator, replace(job, verifier=policy.verifier()), work / f"out-{round_index}-{index}")
+                speeds[index].append(summary["tokens_per_s"])
+    finally:
+        # A class attribute: put the shipped path back even when a job fails.
+        draft_class.lean_forward = shipped
     return [statistics.mean(values) for values in speeds]
 
 

@@ -275,7 +275,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
             best = max(others, key=lambda r: r["ratio"])
             goodput_over_best.append(goodput["ratio"] / best["ratio"])
             autoregressive = next((r for r in cell if r["policy"] == "autoregressive"), None)
-            spread = "-" if autoregressive is None else f"{autoregressive.get('spread', float('nan')):.2f}"
+            spread = "-" if autoregressive is None else f"{autoregressive['spread']:.2f}"
             goodput_rows.append([runtime, f"{temperature:g}", batch_size, proposer, best["policy"], f"{best['ratio']:.2f}",
                                  f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}", spread])
     lines += ["", "Goodput against the best of autoregressive and the fixed-g policies of its proposer (continuous batching):", ""]

@@ -37,14 +37,11 @@ def test_bench_engine_warms_up_then_times_the_configured_run():
     """The engine half of the benchmark on a tiny pair: a short warm-up call, then the configured run
     (its config restored), and a row whose shares are of that run. The warm-up once replaced
     SamplingParams instead of the sampling config and the script failed before its first row."""
-    import torch
-
     from distributed_spec.engine import EngineConfig, SpeculativeEngine
     from distributed_spec.engine.config import SamplingConfig, VerifierConfig
     from distributed_spec.models.tiny import perturbed_copy, tiny_llama
     from scripts.bench_distributed import bench_engine
 
-    torch.manual_seed(0)
     target = tiny_llama(vocab_size=64, num_layers=2, hidden=32, seed=0, logit_scale=8.0)
     config = EngineConfig(
         verifier=VerifierConfig(method="block", num_draft_tokens=2),

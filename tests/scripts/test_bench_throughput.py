@@ -14,7 +14,7 @@ def _row(policy: str, ratio: float) -> dict:
     return {
         "runtime": "local", "temperature": 0.0, "batch_size": 4, "policy": policy, "batching": "continuous",
         "tokens_per_s": 10.0 * ratio, "ratio": ratio, "ratio_min": ratio, "block_efficiency": 1.0, "seeds": 1,
-        "steps_per_draft_len": [1], "ngram_row_share": 0.0,
+        "steps_per_draft_len": [1], "ngram_row_share": 0.0, "spread": 1.0,
     }
 
 
@@ -35,9 +35,11 @@ def test_goodput_is_compared_with_the_fixed_g_policies_of_its_own_proposer():
     assert bench_throughput.proposer_of("g=3 ngram") == "ngram" and bench_throughput.proposer_of("goodput") == "model"
 
 
-def _measurement(runtime: str, batch_size: int, seed: int, tokens_per_s: float) -> bench_throughput.Measurement:
+def _measurement(
+    runtime: str, batch_size: int, seed: int, tokens_per_s: float, policy: str = "autoregressive"
+) -> bench_throughput.Measurement:
     return bench_throughput.Measurement(
-        runtime=runtime, policy="autoregressive", batching="continuous", temperature=0.0, batch_size=batch_size,
+        runtime=runtime, policy=policy, batching="continuous", temperature=0.0, batch_size=batch_size,
         seed=seed, tokens_per_s=tokens_per_s, block_efficiency=1.0, num_tokens=10,
     )
 
@@ -85,14 +87,8 @@ def test_the_turns_rotate_from_seed_to_seed():
 
 
 def test_the_goodput_table_shows_autoregressive_spread_over_seeds():
-    def measurement(policy: str, seed: int, tokens_per_s: float) -> bench_throughput.Measurement:
-        return bench_throughput.Measurement(
-            runtime="local", policy=policy, batching="continuous", temperature=0.0, batch_size=4, seed=seed,
-            tokens_per_s=tokens_per_s, block_efficiency=1.0, num_tokens=10,
-        )
-
-    runs = [measurement("autoregressive", 0, 40.0), measurement("autoregressive", 1, 50.0)]
-    runs += [measurement("goodput", 0, 42.0), measurement("goodput", 1, 50.0)]
+    runs = [_measurement("local", 4, 0, 40.0), _measurement("local", 4, 1, 50.0)]
+    runs += [_measurement("local", 4, 0, 42.0, "goodput"), _measurement("local", 4, 1, 50.0, "goodput")]
     rows = bench_throughput.table(runs)
     autoregressive = next(row for row in rows if row["policy"] == "autoregressive")
     assert autoregressive["spread"] == 1.25
