@@ -11,18 +11,19 @@ docs/distributed.md, Loading).
 
 The loop is the engine's (engine/scheduler.py: admission, draft lengths, uniforms, finishing,
 statistics); this class only runs each planned step on the actors (docs/design.md, the data flow):
-1. draft actor: `step(DraftRequest)` applies the last verdict and the row changes and proposes the
-   block (nothing in a step without a draft) -> a DraftBlock in Ray's object store, twice: with q
-   for shard rank 0 (the verifier), without q for the other shards;
+1. draft actor: `step(DraftRequest, verdict)` applies rank 0's verdict of its previous step (the
+   StepResult the coordinator received; it rides on this call, so a drafting step is two Ray calls,
+   not three) and the row changes, and proposes the block (nothing in a step without a draft) -> a
+   DraftBlock in Ray's object store, twice: with q for shard rank 0 (the verifier), without q for
+   the other shards;
 2. every shard: `score_and_verify(block, StepRequest)`; the block goes from the draft straight to
-   the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult;
-3. draft actor: `commit(result of rank 0)` (an ObjectRef too), applied at its next `step`.
+   the shards (an ObjectRef; the coordinator never fetches it); rank 0 answers a StepResult, kept
+   for the draft's next step.
 A step that neither runs the draft model (g = 0, as goodput runs most steps at a large batch) nor
-catches it up makes neither call 1 nor call 3: the coordinator holds that step's request and
-verdict back and sends the held steps in one `replay` call before the draft's next `step`, which
-applies them in order as those calls would have (the draft is idle in such steps and owes nothing
-until it drafts).
-With parallel.overlap the draft also runs `propose_ahead` between 2 and 3, i.e. while the shards work.
+catches it up makes no call 1: the coordinator holds that step's request and verdict back and sends
+the held steps with the draft's next `step` (its `held`), which replays them in order first, as
+their own calls would have (the draft is idle in such steps and owes nothing until it drafts).
+With parallel.overlap the draft also runs `propose_ahead` after 1, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
 the verified path (engine/multipath_step.py's halves), and rank 0's StepResult names the kept path
@@ -116,14 +117,14 @@ class RuntimeTimings:
     verify_s: float = 0.0
     # The coordinator's own Python: uniforms, bookkeeping, finishing rows, submitting calls.
     coordinator_s: float = 0.0
-    # Everything else: serialisation, object store, Ray scheduling and the draft's commit.
+    # Everything else: serialisation, object store, Ray scheduling.
     transfer_s: float = 0.0
     # Bytes of draft blocks sent to the shard group.
     num_wire_bytes: int = 0
     # Blocks drafted ahead that were used / drafted in all.
     num_overlap_hits: int = 0
     num_restarts: int = 0
-    # Steps without the draft whose row changes and verdict reached it later, in one replay call.
+    # Steps without the draft whose row changes and verdict reached it later, with its next step.
     num_draft_steps_held: int = 0
 
     def fractions(self) -> dict[str, float]:
@@ -172,7 +173,10 @@ class RayCoordinator:
         self._num_launches = 0
         # The calls of the step in progress (a failed step's others are waited for).
         self._step_refs: list[ray.ObjectRef] = []
-        # Steps run without the draft, not sent to it yet: (its DraftRequest, rank 0's StepResult).
+        # Rank 0's verdict of the draft's last step (its reference: Ray sends the bytes it holds
+        # rather than pickle it again), sent with the draft's next step.
+        self._draft_verdict: ray.ObjectRef | None = None
+        # Steps run without the draft since, not sent to it yet: (its DraftRequest, rank 0's StepResult).
         self._held_draft_steps: list[tuple[DraftRequest, StepResult]] = []
         # Tests: called with the iteration index after each iteration (e.g. to kill a shard).
         self.on_iteration: Callable[[int], None] | None = None
@@ -206,7 +210,7 @@ class RayCoordinator:
 
     def close(self) -> None:
         """Kill every actor and release the placement group; idempotent."""
-        self._held_draft_steps = []
+        self._draft_verdict, self._held_draft_steps = None, []
         if self.actors is not None:
             actors, self.actors = self.actors, None
             teardown(actors)
@@ -304,7 +308,7 @@ class RayCoordinator:
                     refs.append(self.actors.draft.begin.remote(settings))
                 self._wait(refs, self.runtime.load_timeout_s)
                 self._first_step = True
-                self._held_draft_steps = []
+                self._draft_verdict, self._held_draft_steps = None, []
                 return
             except LoadTimeoutError:
                 raise  # a configuration matter (parallel.load_timeout_s), not a fault to retry
@@ -372,10 +376,10 @@ class RayCoordinator:
         # A step the draft sits out is held back and replayed before its next step (module docstring).
         hold = draft is not None and model_g == 0 and not draft_request.catch_up
         if draft is not None and not hold:
-            if self._held_draft_steps:
-                draft.replay.remote(self._held_draft_steps)
-                self._held_draft_steps = []
-            blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(draft_request)
+            blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(
+                draft_request, self._draft_verdict, self._held_draft_steps
+            )
+            self._draft_verdict, self._held_draft_steps = None, []
         if model_g == 0:
             # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
             ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.g > 0 else None
@@ -400,7 +404,6 @@ class RayCoordinator:
             )
             if self.runtime.overlap and ahead:
                 draft.propose_ahead.remote(plan.next_g_guess)
-            draft.commit.remote(result_refs[0])
         self._step_refs = result_refs
         submitted = time.perf_counter()
         # The first step also runs the staged prompts through both models: it gets the load timeout.
@@ -410,6 +413,8 @@ class RayCoordinator:
         if hold:
             self._held_draft_steps.append((draft_request, result))
             self.timings.num_draft_steps_held += 1
+        elif draft is not None:
+            self._draft_verdict = result_refs[0]
         answered = time.perf_counter()
         outcome = StepOutcome(
             accepted_counts=result.accepted_counts,
@@ -460,7 +465,7 @@ class RayCoordinator:
 
     def _restart(self, error: BaseException) -> None:
         """Tear the dead runtime down; the next start() launches a fresh one."""
-        self._held_draft_steps = []
+        self._draft_verdict, self._held_draft_steps = None, []
         if self.actors is not None:
             actors, self.actors = self.actors, None
             teardown(actors)

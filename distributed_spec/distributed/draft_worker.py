@@ -1,8 +1,9 @@
 """`DraftWorker`: the draft model and its KV cache in one Ray actor (built by the coordinator).
 
 It wraps the single-process engine's draft side (engine/sides.py): `step` applies the last verdict
-and the step's row changes, then draws X_1..X_g (or nothing, in a step without a draft); `commit`
-hands it rank 0's verdict, applied at the next `step`. With verifier.num_paths = K > 1 `step` draws
+and the step's row changes, then draws X_1..X_g (or nothing, in a step without a draft); rank 0's
+verdict of a step arrives with the next `step` call (its `verdict`, with any `held` steps the draft
+sat out, replayed first), which applies it. With verifier.num_paths = K > 1 `step` draws
 K paths per row (engine/multipath_step.py propose_paths: the side stays forked to B*K rows) and the
 verdict's kept path folds it back to B rows (commit_draft_paths). Two additions, both exact:
 - the draft samples from q as it will be decoded by the verifier (wire.py: reduced precision or
@@ -12,14 +13,14 @@ verdict's kept path folds it back to B rows (commit_draft_paths). Two additions,
   accepted all g drafts and its bonus token Y equals G (then block k+1 is exactly what `propose`
   would have drawn from that context); otherwise the 2g speculative slots are rolled back.
 
-Verbs: `node_id`, `load`, `begin`, `step`, `propose_ahead`, `commit`, `shutdown`.
+Verbs: `node_id`, `load`, `begin`, `step`, `propose_ahead`, `shutdown`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from distributed_spec.distributed.wire import (
     WireFormat,
     encode_probs,
     num_block_outputs,
+    point_mass_pairs,
     sample_view,
 )
 from distributed_spec.engine.multipath_step import commit_draft_paths, propose_paths
@@ -152,9 +154,25 @@ class DraftWorker:
         self.result: StepResult | None = None
         self.ahead: _AheadBlock | None = None
 
-    def step(self, request: DraftRequest) -> tuple[DraftBlock | None, ...]:
+    def step(
+        self,
+        request: DraftRequest,
+        verdict: StepResult | None = None,
+        held: Sequence[tuple[DraftRequest, StepResult]] = (),
+    ) -> tuple[DraftBlock | None, ...]:
         """Apply the last verdict and the row changes; return the next block as the shards receive it
-        (`_for_shards`). All None when request.g is 0: the step runs without a draft."""
+        (`_for_shards`). All None when request.g is 0: the step runs without a draft.
+
+        verdict: rank 0's StepResult of this actor's previous step; it rides on this call rather than
+        a call of its own (one Ray call fewer per drafting step). held: the steps run without the
+        draft since then (the coordinator held them), replayed in order before this one.
+        """
+        if verdict is not None:
+            self.commit(verdict)
+        self.replay(held)
+        return self._step(request)
+
+    def _step(self, request: DraftRequest) -> tuple[DraftBlock | None, ...]:
         start = time.perf_counter()
         discarded_ahead_s = 0.0 if self.ahead is None else self.ahead.block.draft_s
         usable = self._apply_result(request)
@@ -289,14 +307,14 @@ class DraftWorker:
         self.ahead = _AheadBlock(guess_ids=guess_ids, draft_ids=draft_ids, block=block, g=g)
 
     def commit(self, result: StepResult) -> None:
-        """Remember rank 0's verdict; it is applied at the next `step`, which knows the kept rows."""
+        """Remember rank 0's verdict; it is applied at the next step, which knows the kept rows."""
         self.result = result
 
-    def replay(self, steps: list[tuple[DraftRequest, StepResult]]) -> None:
+    def replay(self, steps: Sequence[tuple[DraftRequest, StepResult]]) -> None:
         """Steps the coordinator ran without the draft (g = 0, no catch-up) and held back: each one's
-        row changes and verdict, in order, as its `step` and `commit` calls would have applied them."""
+        row changes and verdict, in order, as a step with that verdict would have applied them."""
         for request, result in steps:
-            self.step(request)
+            self._step(request)
             self.commit(result)
 
     def shutdown(self) -> None:
@@ -370,6 +388,10 @@ class DraftWorker:
         draft_s: float,
     ) -> DraftBlock:
         send = self.wire.send_probs
+        if send and all(self.sampling.greedy_rows()):
+            # Temperature 0 everywhere: each q_i is one-hot at X_i (verify.logits_to_probs), so a
+            # (1, X_i) pair is the same q in a few bytes, not V floats a token (docs/distributed.md).
+            values, ids = point_mass_pairs(draft_ids.cpu())
         return DraftBlock(
             # Host copies: the block leaves this process through Ray's object store.
             draft_ids=draft_ids.cpu(),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from distributed_spec.distributed.wire import WireFormat
+from distributed_spec.distributed.wire import PickledAsNumpy, WireFormat
 from distributed_spec.verify import RowSampling
 
 
@@ -26,7 +26,7 @@ class DecodeSettings:
 
 
 @dataclass
-class StepRequest:
+class StepRequest(PickledAsNumpy):
     """What every shard receives besides the draft block, identical on every rank (the scheduler's
     StepPlan without the draft's part)."""
 
@@ -51,7 +51,7 @@ class StepRequest:
 
 
 @dataclass
-class DraftRequest:
+class DraftRequest(PickledAsNumpy):
     """What the draft actor receives each step (also in steps without a draft: rows change)."""
 
     keep_rows: torch.Tensor | None
@@ -79,7 +79,7 @@ class DraftRequest:
 
 
 @dataclass
-class StepResult:
+class StepResult(PickledAsNumpy):
     """What shard rank 0 answers: the verified prefix of every row and the timing of the step."""
 
     # [B] long: tau, accepted draft tokens per row.

@@ -116,6 +116,9 @@ def test_greedy_output_identical_to_engine(tp2, method, wire_dtype, wire_top_k, 
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     assert [r.finish_reason for r in results] == [r.finish_reason for r in reference]
     assert all(len(r.token_ids) == GREEDY.sampling.max_new_tokens for r in results)
+    if method != "greedy":
+        # Temperature 0: q_i travels as a (1, X_i) pair, not V floats (ids 8 + pair 8 bytes a token).
+        assert 0 < tp2.timings.num_wire_bytes <= tp2.timings.num_iterations * 4 * 4 * (8 + 4 + 4)
     if overlap:
         # One row: the block drafted ahead is used whenever its block and bonus guess were right
         # (under "adaptive", only if it was drafted at the next step's longer g).

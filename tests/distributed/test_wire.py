@@ -1,8 +1,11 @@
 """Draft probabilities on the wire: the draft samples from exactly what the verifier decodes."""
 
+import pickle
+
 import pytest
 import torch
 
+from distributed_spec.distributed.messages import StepRequest, StepResult
 from distributed_spec.distributed.wire import (
     DraftBlock,
     WireFormat,
@@ -10,10 +13,12 @@ from distributed_spec.distributed.wire import (
     decode_probs,
     encode_probs,
     num_block_outputs,
+    point_mass_pairs,
     sample_view,
     unpack_probs,
     unpack_probs_slice,
 )
+from distributed_spec.verify import RowSampling, SamplingParams, logits_to_probs
 from distributed_spec.verify_parallel import vocab_shard_range
 
 
@@ -83,3 +88,61 @@ def test_a_shards_vocabulary_slice_of_q_is_the_whole_decode_sliced_bitwise(dtype
         assert piece.group_wire_bytes == sum(s.num_wire_bytes for s in slices)
     if top_k == 0:
         assert slices[1].probs_values.shape[-1] == 32  # only its ids travel
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [WireFormat("float32"), WireFormat("bfloat16"), WireFormat("float32", top_k=5), WireFormat("bfloat16", vocab_shards=2)],
+    ids=lambda wire: f"{wire.dtype}-top{wire.top_k}-shards{wire.vocab_shards}",
+)
+def test_a_temperature_0_block_as_point_masses_decodes_to_the_dense_one_hot_bitwise(wire):
+    """The draft sends a greedy step's q as (1, X_i) pairs: every decode reads what the dense
+    encoding of the same one-hot q gives (logits_to_probs at temperature 0), whole and by slice."""
+    vocab_size = 65
+    logits = torch.randn(3, 2, vocab_size, generator=torch.Generator().manual_seed(2))
+    one_hot = logits_to_probs(logits, SamplingParams(temperature=0.0))  # [B, g, V]
+    draft_ids = one_hot.argmax(dim=-1)  # what the draft samples from it
+    dense = DraftBlock(draft_ids, *encode_probs(one_hot, wire), vocab_size=vocab_size)
+    pairs = DraftBlock(draft_ids, *point_mass_pairs(draft_ids), vocab_size=vocab_size)
+    cpu = torch.device("cpu")
+    assert torch.equal(unpack_probs(pairs, cpu), unpack_probs(dense, cpu))
+    assert torch.equal(unpack_probs(pairs, cpu), one_hot)
+    for rank, (piece, dense_piece) in enumerate(zip(pairs.vocab_slices(2), dense.vocab_slices(2))):
+        start, end = vocab_shard_range(vocab_size, 2, rank)
+        assert torch.equal(unpack_probs_slice(piece, start, end, cpu), unpack_probs_slice(dense_piece, start, end, cpu))
+    assert pairs.num_wire_bytes == 3 * 2 * (8 + 4 + 4)
+
+
+def test_messages_pickle_their_tensors_as_numpy_and_come_back_the_same():
+    """PickledAsNumpy: every tensor field comes back with its dtype, shape and values, writable; a
+    view sends its own elements only; bfloat16 and None travel as they are."""
+    storage = torch.arange(1000, dtype=torch.float64)
+    request = StepRequest(
+        keep_rows=torch.tensor([0, 2]),
+        new_prompts=[[1, 2, 3]],
+        decoding=torch.tensor([True, False, True]),
+        num_draft_tokens=torch.tensor([2, 0, 2], dtype=torch.long),
+        eta=storage[:6].view(3, 2),
+        u=torch.rand(3, dtype=torch.float64),
+        sampling=RowSampling.uniform(SamplingParams(temperature=0.5), 3),
+    )
+    block = DraftBlock(
+        torch.zeros(3, 2, dtype=torch.long), torch.rand(3, 2, 7).to(torch.bfloat16), torch.zeros(3, 2, 7, dtype=torch.int32), 7
+    )
+    for message in (request, block, StepResult(*(torch.arange(3),) * 3, torch.tensor([1, 1, 1]))):
+        restored = pickle.loads(pickle.dumps(message))
+        for name, value in vars(message).items():
+            back = getattr(restored, name)
+            if isinstance(value, torch.Tensor):
+                assert isinstance(back, torch.Tensor) and back.dtype == value.dtype and torch.equal(back, value), name
+                back[...] = back.clone()  # writable
+            else:
+                assert back == value, name
+    assert len(pickle.dumps(request)) < storage.numel() * storage.element_size() // 4
+    # Ray hands large arrays over read-only (zero-copy): they come back as writable copies.
+    frozen = pickle.loads(pickle.dumps(block)).__getstate__()
+    frozen["draft_ids"].flags.writeable = False
+    restored = DraftBlock.__new__(DraftBlock)
+    restored.__setstate__(frozen)
+    restored.draft_ids[0, 0] = 5
+    assert frozen["draft_ids"][0, 0] == 0
