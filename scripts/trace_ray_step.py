@@ -4,14 +4,15 @@
     .venv/bin/python -m scripts.trace_ray_step --g 0 2 --batch-size 4 --temperature 1
 
 Runs the default pair (SmolLM2 target, the bundled distilled draft) in the Ray runtime at TP =
---tp-size, one actor thread each (parallel.num_cpus_per_shard / num_cpus_draft = 1), block
+--tp-size, --num-cpus threads per actor (parallel.num_cpus_per_shard / num_cpus_draft; 1), block
 verification at a fixed g (g = 0: verifier.method=autoregressive, no draft call), on --batch-size
 prompts after a warm-up run. For each g it prints the runtime's own split of an iteration (draft,
 target forward, verify, coordinator, transfer: RayCoordinator.timings) and, from Ray's task
 timeline of the measured run only, the median per task of each phase Ray times: the driver's
 `submit_task`, and per actor method the arguments' load (`deserialize_arguments`), the method itself
 (`execute`) and its outputs' store (`store_outputs`); then the gaps on the critical path between one
-actor's task ending and the next one's starting. Medians: a step's phases are a few ms, and a
+actor's task ending and the next one's starting. First it times one StepRequest's pickling both
+ways (no Ray). Medians: a step's phases are a few ms, and a
 single slow one (the host) moves a mean by more than the effects this script is for.
 """
 
@@ -21,18 +22,22 @@ import argparse
 import collections
 import json
 import logging
+import pickle
 import statistics
 import time
 
 import ray
+import torch
 
 from distributed_spec.config import ParallelConfig
 from distributed_spec.distributed import RayCoordinator
 from distributed_spec.distributed.factories import SpecFactory
+from distributed_spec.distributed.messages import StepRequest
 from distributed_spec.engine import EngineConfig
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelConfig
 from distributed_spec.models.tokenizers import load_tokenizer
+from distributed_spec.verify import RowSampling, SamplingParams
 from scripts.common import draft_spec, question_prompts
 
 # Ray's names of a task's phases in its timeline (the method's own event is "task::<Class>.<method>").
@@ -86,6 +91,27 @@ def critical_gaps(events: list[dict], since_us: float) -> dict[str, float]:
     return {pair: statistics.median(values) for pair, values in gaps.items()}
 
 
+def pickle_cost(batch_size: int, g: int = 1, repeats: int = 2000) -> dict[str, float]:
+    """Microseconds to pickle and load one B-row StepRequest (Ray's cost per message, without Ray):
+    its tensors as numpy (PickledAsNumpy, as sent) and as torch tensors (the state pickled as is)."""
+    request = StepRequest(
+        keep_rows=None,
+        new_prompts=[],
+        decoding=torch.ones(batch_size, dtype=torch.bool),
+        num_draft_tokens=torch.full((batch_size,), g),
+        eta=torch.rand(batch_size, g, dtype=torch.float64),
+        u=torch.rand(batch_size, dtype=torch.float64),
+        sampling=RowSampling.uniform(SamplingParams(), batch_size),
+    )
+    costs = {}
+    for label, message in (("numpy", request), ("torch", dict(vars(request)))):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            pickle.loads(pickle.dumps(message))
+        costs[label] = 1e6 * (time.perf_counter() - start) / repeats
+    return costs
+
+
 def trace(pair: ModelConfig, prompts: list[list[int]], g: int, args) -> dict:
     config = EngineConfig(
         verifier=VerifierConfig(method="block" if g else "autoregressive", num_draft_tokens=max(g, 1)),
@@ -93,7 +119,8 @@ def trace(pair: ModelConfig, prompts: list[list[int]], g: int, args) -> dict:
         max_batch_size=len(prompts),
     )
     runtime = ParallelConfig(
-        runtime="ray", device="cpu", backend="gloo", tp_size=args.tp_size, num_cpus_per_shard=1, num_cpus_draft=1,
+        runtime="ray", device="cpu", backend="gloo", tp_size=args.tp_size, num_cpus_per_shard=args.num_cpus,
+        num_cpus_draft=args.num_cpus,
         load_timeout_s=900, step_timeout_s=300,
     )
     with RayCoordinator(*SpecFactory.for_pair(pair, "cpu"), config, runtime) as coordinator:
@@ -146,13 +173,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--num-cpus", type=int, default=1,
+                        help="CPUs (and torch threads) of every actor: parallel.num_cpus_per_shard and num_cpus_draft")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     pair = ModelConfig(draft=draft_spec("auto", 4), dtype=args.dtype)
     prompts = question_prompts(load_tokenizer(pair), args.batch_size)
-    ray.init(num_cpus=2 * (args.tp_size + 1), include_dashboard=False, log_to_driver=False)
+    costs = pickle_cost(args.batch_size)
+    print(f"one StepRequest of {args.batch_size} rows, pickled and loaded: {costs['numpy']:.0f} us with its tensors "
+          f"as numpy (as sent), {costs['torch']:.0f} us as torch tensors\n")
+    ray.init(num_cpus=2 * args.num_cpus * (args.tp_size + 1), include_dashboard=False, log_to_driver=False)
     try:
         results = []
         for g in args.g:

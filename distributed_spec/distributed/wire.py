@@ -32,10 +32,10 @@ WIRE_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "floa
 class PickledAsNumpy:
     """A message whose CPU tensors Ray pickles as numpy arrays.
 
-    Ray pickles every message of a step (request, block, result). A small torch tensor costs ~55 us
-    to pickle and as much to load; the same numpy array ~12 and ~4 us (a B = 1 step sends ~20, on
-    the critical path). Pickling a view also sends its elements only, where a tensor sends its whole
-    storage. bfloat16 (no numpy dtype) and device tensors travel as tensors. Every tensor field
+    Ray pickles every message of a step (request, block, result), on the step's critical path. A
+    small torch tensor costs several times a numpy array's to pickle and load (one B = 1 StepRequest:
+    `python -m scripts.trace_ray_step`, docs/RESULTS.md). Pickling a view also sends its elements
+    only, where a tensor sends its whole storage. bfloat16 (no numpy dtype) and device tensors travel as tensors. Every tensor field
     comes back a tensor of the same dtype, shape and values (tests/distributed/test_wire.py).
     """
 

@@ -40,3 +40,10 @@ def test_phases_go_to_the_method_around_them_and_gaps_follow_the_critical_path()
     # The shard ends at start + 68.3 ms; the next step starts at start + 1 s (the commit between
     # them is no step method: it is inside the gap).
     assert gaps["TargetShard.score_and_verify -> DraftWorker.step"] == pytest.approx(1_000 - 68.3)
+
+
+def test_pickle_cost_times_both_encodings_of_one_request():
+    from scripts.trace_ray_step import pickle_cost
+
+    costs = pickle_cost(batch_size=3, g=2, repeats=2)
+    assert set(costs) == {"numpy", "torch"} and all(cost > 0 for cost in costs.values())
