@@ -35,8 +35,9 @@ class PickledAsNumpy:
     Ray pickles every message of a step (request, block, result), on the step's critical path. A
     small torch tensor costs several times a numpy array's to pickle and load (one B = 1 StepRequest:
     `python -m scripts.trace_ray_step`, docs/RESULTS.md). Pickling a view also sends its elements
-    only, where a tensor sends its whole storage. bfloat16 (no numpy dtype) and device tensors travel as tensors. Every tensor field
-    comes back a tensor of the same dtype, shape and values (tests/distributed/test_wire.py).
+    only, where a tensor sends its whole storage. bfloat16 (no numpy dtype) and device tensors
+    travel as tensors. Every tensor field comes back a tensor of the same dtype, shape and values
+    (tests/distributed/test_wire.py).
     """
 
     def __getstate__(self) -> dict:
