@@ -38,7 +38,7 @@ from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelConfig
 from distributed_spec.models.tokenizers import load_tokenizer
 from distributed_spec.verify import RowSampling, SamplingParams
-from scripts.common import draft_spec, question_prompts
+from scripts.common import draft_spec, markdown_table, question_prompts
 
 # Ray's names of a task's phases in its timeline (the method's own event is "task::<Class>.<method>").
 PHASES = ("task:deserialize_arguments", "task:execute", "task:store_outputs")
@@ -153,13 +153,14 @@ def report(result: dict) -> str:
         f"per iteration, {split['iteration']:.1f} ms per iteration: "
         + ", ".join(f"{part} {split[part]:.1f}" for part in ("draft", "target", "verify", "coordinator", "transfer"))
         + f"; outside the target forward {split['iteration'] - split['target']:.1f}",
-        "| task | " + " | ".join(phase.split(":")[1] for phase in PHASES) + " |",
-        "|---|---|---|---|",
     ]
-    for owner, phases in sorted(result["phases_ms"].items()):
-        if owner == "driver":
-            continue
-        lines.append(f"| {owner} | " + " | ".join(f"{phases.get(p.split(':')[1], float('nan')):.2f}" for p in PHASES) + " |")
+    names = [phase.split(":")[1] for phase in PHASES]
+    rows = [
+        [owner, *(f"{phases.get(name, float('nan')):.2f}" for name in names)]
+        for owner, phases in sorted(result["phases_ms"].items())
+        if owner != "driver"
+    ]
+    lines.append(markdown_table(["task", *names], rows))
     lines.append(f"driver submit_task: {result['phases_ms'].get('driver', {}).get('submit_task', float('nan')):.2f} ms")
     lines += [f"gap {pair}: {ms:.2f} ms" for pair, ms in sorted(result["gaps_ms"].items())]
     return "\n".join(lines)
