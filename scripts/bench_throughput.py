@@ -22,7 +22,10 @@ from n-grams (verifier.proposer; `model` among them keeps the draft-model polici
 ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
 The goodput table shows, per cell, autoregressive's fastest seed over its slowest: at T = 0 the
 seeds do identical work, so that spread is the host's own run-to-run noise, the yardstick for
-goodput / best. At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
+goodput / best. Beside goodput / best it prints a 90% interval on it, paired by seed (Student's t
+over the seeds' log ratios: each seed's jobs took turns, so their ratio cancels that seed's spell of
+the host), and the goal's verdict: met (goodput / best >= 0.97), within noise (below, but the interval
+reaches 0.97) or missed (the whole interval lies below). At B = 1 only the first --records-at-b1 records run (a B = 1 pass over all of them takes minutes per
 policy on 2 cores). Writes results.json, results.md and tokens_per_s_vs_batch.png into --out.
 
     python -m scripts.bench_throughput --merge DIR [DIR ...] --out DIR    # one report from several runs
@@ -37,6 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -59,6 +64,9 @@ logger = logging.getLogger("bench_throughput")
 SHORT_LENGTHS = (4, 6, 8, 12)
 LONG_LENGTHS = (32, 48)
 GOODPUT_GOAL = 0.97
+# Two-sided confidence of the interval on goodput / best (t over the seeds' paired log ratios).
+INTERVAL = 0.90
+MET, WITHIN_NOISE, MISSED, BELOW = "met", "within noise", "missed", "below (one seed)"
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,8 @@ def table(measurements: list[Measurement]) -> list[dict]:
                     "batching": batching,
                     "tokens_per_s": mean([m.tokens_per_s for m in runs]),
                     "ratio": mean(ratios),
+                    # Per seed, for intervals paired by seed (the seeds' jobs ran in the same turns).
+                    "seed_ratios": {m.seed: m.tokens_per_s / baseline[m.seed] for m in runs if baseline.get(m.seed)},
                     "ratio_min": min(ratios) if ratios else float("nan"),
                     # Fastest seed over the slowest (at T = 0 autoregressive's seeds do identical work).
                     "spread": max(m.tokens_per_s for m in runs) / min(m.tokens_per_s for m in runs) if runs else float("nan"),
@@ -244,6 +254,30 @@ def table(measurements: list[Measurement]) -> list[dict]:
                 }
             )
     return rows
+
+
+def paired_interval(goodput: dict[int, float], best: dict[int, float]) -> tuple[float | None, float | None]:
+    """INTERVAL confidence interval on goodput / best from the seeds both ran: each seed's jobs took
+    turns on the host, so their ratio cancels what the host did to that seed's turns. Student's t over
+    the per-seed log ratios; (None, None) with fewer than two seeds."""
+    from scipy import stats  # noqa: PLC0415 - a dev dependency; the benchmark's runs do not need it
+
+    logs = [math.log(goodput[seed] / best[seed]) for seed in sorted(goodput.keys() & best.keys())]
+    if len(logs) < 2:
+        return None, None
+    center = statistics.fmean(logs)
+    half = stats.t.ppf(0.5 + INTERVAL / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(center - half), math.exp(center + half)
+
+
+def goal_verdict(goodput_over_best: float, high: float | None) -> str:
+    """met (the cell's ratio >= GOODPUT_GOAL); else within noise (the interval's top reaches it), missed
+    (it does not), or below (one seed: no interval)."""
+    if goodput_over_best >= GOODPUT_GOAL:
+        return MET
+    if high is None:
+        return BELOW
+    return WITHIN_NOISE if high >= GOODPUT_GOAL else MISSED
 
 
 def proposer_of(policy: str) -> str:
@@ -260,7 +294,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
           f"{row['tokens_per_s']:.1f}", f"{row['ratio']:.2f} ({row['ratio_min']:.2f})", f"{row['block_efficiency']:.2f}",
           " ".join(map(str, row["steps_per_draft_len"])), f"{row['ngram_row_share']:.0%}"] for row in rows],
     ))
-    goodput_rows, goodput_over_best = [], []
+    goodput_rows, goodput_over_best, verdicts = [], [], []
     for runtime, temperature, batch_size in sorted({(r["runtime"], r["temperature"], r["batch_size"]) for r in rows}):
         cell = [r for r in rows if (r["runtime"], r["temperature"], r["batch_size"]) == (runtime, temperature, batch_size)]
         cell = [r for r in cell if r["batching"] == "continuous"]
@@ -276,17 +310,25 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
             goodput_over_best.append(goodput["ratio"] / best["ratio"])
             autoregressive = next((r for r in cell if r["policy"] == "autoregressive"), None)
             spread = "-" if autoregressive is None else f"{autoregressive['spread']:.2f}"
+            low, high = paired_interval(goodput.get("seed_ratios", {}), best.get("seed_ratios", {}))
+            interval = "-" if low is None else f"{low:.3f}-{high:.3f}"
+            verdicts.append(goal_verdict(goodput["ratio"] / best["ratio"], high))
             goodput_rows.append([runtime, f"{temperature:g}", batch_size, proposer, best["policy"], f"{best['ratio']:.2f}",
-                                 f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}", spread])
+                                 f"{goodput['ratio']:.2f}", f"{goodput['ratio'] / best['ratio']:.3f}", interval,
+                                 verdicts[-1], spread])
     lines += ["", "Goodput against the best of autoregressive and the fixed-g policies of its proposer (continuous batching):", ""]
     lines.append(markdown_table(
         ["runtime", "T", "B", "proposer", "best other", "its x AR", "goodput x AR", "goodput / best",
-         "AR fastest / slowest seed"], goodput_rows
+         f"{INTERVAL:.0%} interval, paired by seed", "goal", "AR fastest / slowest seed"], goodput_rows
     ))
     if goodput_rows:
         # Issue 26's goal: goodput >= 0.97 x the best other policy in every cell.
         num_met = sum(ratio >= GOODPUT_GOAL for ratio in goodput_over_best)
         lines += ["", f"goodput / best >= {GOODPUT_GOAL} in {num_met} of {len(goodput_rows)} cells."]
+        lines.append(
+            f"Of the others, {verdicts.count(WITHIN_NOISE)} lie within noise of it (the interval reaches "
+            f"{GOODPUT_GOAL}) and {verdicts.count(MISSED)} miss it (the whole interval lies below)."
+        )
     static_rows = [r for r in rows if r["batching"] == "static"]
     if static_rows:
         pairs = []

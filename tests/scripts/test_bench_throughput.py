@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from types import SimpleNamespace
+
+import pytest
 
 from scripts import bench_throughput
 
@@ -94,4 +98,31 @@ def test_the_goodput_table_shows_autoregressive_spread_over_seeds():
     assert autoregressive["spread"] == 1.25
     text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
     # goodput x AR is the mean of 1.05 and 1.00; the last column the seeds' 50 / 40.
-    assert "| local | 0 | 4 | model | autoregressive | 1.00 | 1.02 | 1.025 | 1.25 |" in text
+    # Seeds' goodput / AR 1.05 and 1.00: t(0.95, 1 degree of freedom) = 6.3138 over their log ratios.
+    assert "| local | 0 | 4 | model | autoregressive | 1.00 | 1.02 | 1.025 | 0.878-1.195 | met | 1.25 |" in text
+
+
+def test_the_interval_is_students_t_over_the_seeds_paired_log_ratios():
+    goodput = {0: 0.95, 1: 0.955, 2: 0.96, 3: 1.10}  # seed 3: best did not run it, so it is not paired
+    best = {0: 1.0, 1: 1.0, 2: 1.0}
+    low, high = bench_throughput.paired_interval(goodput, best)
+    logs = [math.log(0.95), math.log(0.955), math.log(0.96)]
+    center, spread = statistics.fmean(logs), statistics.stdev(logs)
+    half = 2.919986 * spread / math.sqrt(3)  # t(0.95, 2 degrees of freedom)
+    assert low == pytest.approx(math.exp(center - half), rel=1e-6)
+    assert high == pytest.approx(math.exp(center + half), rel=1e-6)
+    assert high < 0.97  # three seeds all below the goal, closely: a miss, not noise
+    # Pairing cancels what a seed's turns shared: best twice as fast in seed 1 moves nothing when
+    # goodput was too (a per-policy interval would be as wide as the host's spread).
+    assert bench_throughput.paired_interval({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}) == (1.0, 1.0)
+    assert bench_throughput.paired_interval({0: 1.0}, {0: 1.0}) == (None, None)
+
+
+def test_the_goal_verdict_tells_a_miss_from_noise():
+    assert bench_throughput.goal_verdict(0.975, None) == "met"
+    assert bench_throughput.goal_verdict(0.95, 0.98) == "within noise"
+    assert bench_throughput.goal_verdict(0.95, 0.96) == "missed"
+    assert bench_throughput.goal_verdict(0.95, None) == "below (one seed)"
+    rows = [_row("autoregressive", 1.0), _row("g=1", 1.10), _row("goodput", 1.05)]
+    text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
+    assert "Of the others, 0 lie within noise of it (the interval reaches 0.97) and 0 miss it" in text
