@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         factor = sum(record.factor() for _, record in rows) / max(len(rows), 1)
         # The draft's debt priced per token a drafting step makes (goodput.py: c_catch x sum D_r / R_r).
         debt_ms = policy.catch_up.seconds_per_token * debt_per_token * 1e3
-        optimistic, rates = policy.acceptance.rates(policy.optimism_for(len(rows))), policy.acceptance.rates()
+        optimistic, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
         trace.append((num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms))
         return g
 

@@ -33,9 +33,7 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   (docs/RESULTS.md). Its lift shrinks as 1 / (verdicts): large while a rate rests on a few verdicts
   or old ones (the counts decay while nothing is drafted, so a rate at g = 0 regains it), a fraction
   of a percent once a batch verifies every step. The standard-error bound it replaces lifted a rate
-  by ~0.04 on ~140 verdicts, and that tipped every near-tie towards drafting (Ray, B = 4). The
-  extra verdicts are divided among the step's decoding rows (`optimism_for`): a step of B rows
-  brings B verdicts, and at B = 4 the whole lift on deep positions still drafted near-ties.
+  by ~0.04 on ~140 verdicts, and that tipped every near-tie towards drafting (Ray, B = 4).
 - g = 0 is a plain decoding step (no draft forward at all); it wins where verification is dear
   (large batches on a CPU). The target scores a rectangular [B, g+1] block whatever each row uses,
   so every decoding row verifies the step's g (clipped to its budget): a longer block never lowers a
@@ -279,9 +277,8 @@ class GoodputPolicy:
     # Rows that draft in a measurement step (the probe, exploration); the others verify no draft, so
     # the draft catches up these rows alone (scheduler.Scheduler._probe_rows).
     probe_rows: int = 4
-    # Extra kept verdicts per draft position when choosing (AcceptanceEstimate.rates), divided among
-    # the step's decoding rows (`optimism_for`). With 1, six early rejections at B = 1 kept two thirds
-    # of a 300-step run at g = 0 (tests/engine/test_goodput.py).
+    # Extra kept verdicts per draft position when choosing (AcceptanceEstimate.rates). With 1, six
+    # early rejections at B = 1 kept two thirds of a 300-step run at g = 0 (tests/engine/test_goodput.py).
     optimism: float = 2.0
     cost: StepCostModel = field(default_factory=StepCostModel)
     catch_up: CatchUpCost = field(default_factory=CatchUpCost)
@@ -296,21 +293,10 @@ class GoodputPolicy:
         if self.acceptance is None:
             self.acceptance = AcceptanceEstimate(self.max_draft_len)
 
-    def optimism_for(self, num_rows: int) -> float:
-        """The optimistic prior of a step with num_rows decoding rows: `optimism` / num_rows.
-
-        It is there for B = 1, where a row's first few verdicts are all the evidence and six early
-        rejections kept a run at g = 0. A step of B rows brings B verdicts, so a bad start is
-        outweighed B times sooner, while a step drafted on the lift costs every row: kept whole at
-        B = 4, it tipped near-ties (every g within ~3%) towards drafting in 40% of the steps, and the
-        job lost ~4% to autoregressive (Ray, B = 4; scripts/simulate_goodput.py shows the same:
-        goodput / best 0.972 -> 0.979 there, B = 1 unchanged; docs/RESULTS.md)."""
-        return self.optimism / max(num_rows, 1)
-
     def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], g: int) -> float:
         """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs,
         with the acceptance rates' optimistic prior (`optimism`)."""
-        rates = self.acceptance.rates(self.optimism_for(len(rows)))
+        rates = self.acceptance.rates(self.optimism)
         cumulative = [0.0]
         for rate in rates:
             cumulative.append(cumulative[-1] + rate)
