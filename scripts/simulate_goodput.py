@@ -3,6 +3,7 @@
     python -m scripts.simulate_goodput                      # the default GoodputPolicy
     python -m scripts.simulate_goodput --optimism 1         # another optimistic prior
     python -m scripts.simulate_goodput --chain-ceiling      # position i lifted at position i-1's rate
+    python -m scripts.simulate_goodput --diagnose           # what goodput believed when it chose each g
 
 Each scenario is a cell of docs/RESULTS.md's grid (16e917b): the cost of a g step over a g = 0 step
 and the block efficiency of fixed g, both read off that grid's fixed-g jobs (cost = block efficiency
@@ -45,8 +46,17 @@ def conditional_rates(block_efficiency: tuple[float, ...]) -> list[float]:
     return [marginals[0]] + [min(marginals[i] / marginals[i - 1], 1.0) for i in range(1, len(marginals))]
 
 
-def run(scenario: str, seed: int, policy_kw: dict, fixed: int | None = None, unlucky: int = 0) -> tuple[float, list[int]]:
-    """One run: (tokens per second, steps per g)."""
+def run(
+    scenario: str,
+    seed: int,
+    policy_kw: dict,
+    fixed: int | None = None,
+    unlucky: int = 0,
+    choices: list | None = None,
+) -> tuple[float, list[int]]:
+    """One run: (tokens per second, steps per g). choices, if given, collects each exploiting step's
+    (g, predicted T(B, g') / T(B, 0) for every g', expected tokens per row for every g') as the policy
+    saw them when it chose (None for a g with no prediction yet)."""
     num_rows, cost, block_efficiency, noise, num_steps = SCENARIOS[scenario]
     conditional = conditional_rates(block_efficiency)
     rng = random.Random(seed)
@@ -54,7 +64,15 @@ def run(scenario: str, seed: int, policy_kw: dict, fixed: int | None = None, unl
     records = [RowAcceptance() for _ in range(num_rows)]
     steps, tokens, seconds = [0] * 4, 0.0, 0.0
     for step in range(num_steps):
-        g = fixed if fixed is not None else policy.choose_step([(8, record) for record in records], num_rows)
+        rows = [(8, record) for record in records]
+        g = fixed if fixed is not None else policy.choose_step(rows, num_rows)
+        seconds_by_g = [policy.cost.predict(num_rows, width) for width in range(4)]
+        if choices is not None and fixed is None and not policy.measuring and seconds_by_g[0] is not None:
+            choices.append((
+                g,
+                [None if seconds is None else seconds / seconds_by_g[0] for seconds in seconds_by_g],
+                [policy.expected_tokens(rows, width) / num_rows for width in range(4)],
+            ))
         steps[g] += 1
         step_s = 0.05 * cost[g] * (1.0 + 0.15 * step / num_steps) * math.exp(rng.gauss(0.0, noise))
         accepted = []
@@ -98,18 +116,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--optimism", type=float, default=None, help="GoodputPolicy.optimism (default: its own)")
     parser.add_argument("--chain-ceiling", action="store_true", help="lift position i at position i-1's rate")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="per scenario and g chosen when exploiting: the mean predicted cost ratio and expected tokens",
+    )
     args = parser.parse_args(argv)
     policy_kw = {} if args.optimism is None else {"optimism": args.optimism}
     if args.chain_ceiling:
         AcceptanceEstimate.rates = chain_ceiling_rates
     for scenario in SCENARIOS:
-        relative, steps_per_g = [], [0] * 4
+        relative, steps_per_g, choices = [], [0] * 4, []
         for seed in range(args.seeds):
-            goodput, steps = run(scenario, seed, policy_kw)
+            goodput, steps = run(scenario, seed, policy_kw, choices=choices)
             autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0)
             relative.append(goodput / autoregressive / best_fixed(scenario))
             steps_per_g = [total + count for total, count in zip(steps_per_g, steps)]
         print(f"{scenario:12s} goodput / best {sum(relative) / len(relative):.3f}   steps per g {steps_per_g}")
+        if args.diagnose:
+            _, cost, block_efficiency, _, _ = SCENARIOS[scenario]
+            print(f"    true cost ratios {list(cost)}, expected tokens {[1.0, *block_efficiency]}")
+            for g in range(4):
+                chosen = [(ratios, tokens) for width, ratios, tokens in choices if width == g]
+                if chosen:
+                    # Mean over the steps that had a prediction for that g (a g never measured has none).
+                    known = [[r[w] for r, _ in chosen if r[w] is not None] for w in range(4)]
+                    ratios = " ".join(f"{sum(k) / len(k):.3f}" if k else "-" for k in known)
+                    tokens = " ".join(f"{sum(t[w] for _, t in chosen) / len(chosen):.3f}" for w in range(4))
+                    print(
+                        f"    chose g = {g} in {len(chosen)} exploiting steps: predicted cost ratios "
+                        f"{ratios}, expected tokens {tokens}"
+                    )
     rescued = [
         run("local B1 T1", seed, policy_kw, unlucky=6)[0]
         / run("local B1 T1", seed + 1000, policy_kw, fixed=0)[0]

@@ -1,0 +1,29 @@
+"""scripts/simulate_goodput.py: goodput against synthetic truths, and what it believed when it chose.
+
+.venv/bin/python -m pytest tests/scripts/test_simulate_goodput.py -q
+"""
+
+from __future__ import annotations
+
+from scripts import simulate_goodput
+
+
+def test_choices_record_what_goodput_saw_when_it_exploited():
+    choices: list = []
+    _, steps = simulate_goodput.run("ray1 B4 T1", 0, {}, choices=choices)
+    assert choices and len(choices) <= sum(steps)  # the probe's and exploration's steps are left out
+    for g, ratios, tokens in choices:
+        assert 0 <= g <= 3 and ratios[0] == 1.0 and tokens[0] == 1.0 and ratios[g] is not None
+        # A longer block never costs less (StepCostModel.predict) nor keeps fewer tokens.
+        known = [ratio for ratio in ratios if ratio is not None]
+        assert known == sorted(known) and tokens == sorted(tokens)
+    fixed: list = []
+    simulate_goodput.run("ray1 B4 T1", 0, {}, fixed=0, choices=fixed)
+    assert fixed == []  # a fixed policy chooses nothing
+
+
+def test_diagnose_prints_beliefs_beside_the_truth(capsys):
+    simulate_goodput.main(["--seeds", "2", "--diagnose"])
+    out = capsys.readouterr().out
+    assert "true cost ratios [1.0, 1.38, 1.511, 1.579]" in out
+    assert "exploiting steps: predicted cost ratios 1.000" in out
