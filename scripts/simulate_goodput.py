@@ -4,6 +4,7 @@
     python -m scripts.simulate_goodput --optimism 1         # another optimistic prior
     python -m scripts.simulate_goodput --chain-ceiling      # position i lifted at position i-1's rate
     python -m scripts.simulate_goodput --diagnose           # what goodput believed when it chose each g
+    python -m scripts.simulate_goodput --outliers 0.03 3    # 3% of the steps take 3x as long
 
 Each scenario is a cell of docs/RESULTS.md's grid (16e917b): the cost of a g step over a g = 0 step
 and the block efficiency of fixed g, both read off that grid's fixed-g jobs (cost = block efficiency
@@ -12,7 +13,10 @@ with lognormal noise (`noise`: ~15% per step in Ray, ~7% locally) and a slow dri
 and each row's kept length from the per-position rates the block efficiencies imply; the policy
 sees only what the scheduler would show it. Printed per scenario: goodput's tokens/s over the
 autoregressive run's of the same seed, divided by the best fixed policy's expected ratio (the
-grid's goal reads >= 0.97), and goodput's steps per g summed over the seeds. `rescue` is the local
+grid's goal reads >= 0.97), its 10th percentile and lowest over the seeds with the lowest run's
+steps per g (a run that settled on a losing g shows there, not in the mean), and goodput's steps
+per g summed over the seeds. --outliers P F makes a fraction P of the steps F times as long, as the
+host's single slow steps are (a prompt joining, a slow spell), beside the lognormal noise. `rescue` is the local
 B = 1, T = 1 cell after six unlucky rejections at start-up (tests/engine/test_goodput.py).
 
 What it leaves out, so what a gap between it and the grid points to: prompts joining the batch,
@@ -53,10 +57,12 @@ def run(
     fixed: int | None = None,
     unlucky: int = 0,
     choices: list | None = None,
+    outliers: tuple[float, float] = (0.0, 1.0),
 ) -> tuple[float, list[int]]:
     """One run: (tokens per second, steps per g). choices, if given, collects each exploiting step's
     (g, predicted T(B, g') / T(B, 0) for every g', expected tokens per row for every g') as the policy
-    saw them when it chose (None for a g with no prediction yet)."""
+    saw them when it chose (None for a g with no prediction yet). outliers: (fraction of the steps,
+    factor on their seconds)."""
     num_rows, cost, block_efficiency, noise, num_steps = SCENARIOS[scenario]
     conditional = conditional_rates(block_efficiency)
     rng = random.Random(seed)
@@ -75,6 +81,8 @@ def run(
             ))
         steps[g] += 1
         step_s = 0.05 * cost[g] * (1.0 + 0.15 * step / num_steps) * math.exp(rng.gauss(0.0, noise))
+        if outliers[0] > 0 and rng.random() < outliers[0]:
+            step_s *= outliers[1]
         accepted = []
         for _ in range(num_rows):
             kept = 0
@@ -121,18 +129,29 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="per scenario and g chosen when exploiting: the mean predicted cost ratio and expected tokens",
     )
+    parser.add_argument(
+        "--outliers", type=float, nargs=2, default=(0.0, 1.0), metavar=("P", "F"),
+        help="a fraction P of the steps takes F times as long",
+    )
     args = parser.parse_args(argv)
+    outliers = tuple(args.outliers)
     policy_kw = {} if args.optimism is None else {"optimism": args.optimism}
     if args.chain_ceiling:
         AcceptanceEstimate.rates = chain_ceiling_rates
     for scenario in SCENARIOS:
-        relative, steps_per_g, choices = [], [0] * 4, []
+        relative, steps_per_g, choices, runs = [], [0] * 4, [], []
         for seed in range(args.seeds):
-            goodput, steps = run(scenario, seed, policy_kw, choices=choices)
-            autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0)
+            goodput, steps = run(scenario, seed, policy_kw, choices=choices, outliers=outliers)
+            autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0, outliers=outliers)
             relative.append(goodput / autoregressive / best_fixed(scenario))
+            runs.append((relative[-1], steps))
             steps_per_g = [total + count for total, count in zip(steps_per_g, steps)]
-        print(f"{scenario:12s} goodput / best {sum(relative) / len(relative):.3f}   steps per g {steps_per_g}")
+        lowest, lowest_steps = min(runs, key=lambda pair: pair[0])
+        tenth = sorted(relative)[len(relative) // 10]
+        print(
+            f"{scenario:12s} goodput / best {sum(relative) / len(relative):.3f} (10th percentile {tenth:.3f}, "
+            f"lowest {lowest:.3f} with steps per g {lowest_steps})   steps per g {steps_per_g}"
+        )
         if args.diagnose:
             _, cost, block_efficiency, _, _ = SCENARIOS[scenario]
             print(f"    true cost ratios {list(cost)}, expected tokens {[1.0, *block_efficiency]}")
@@ -148,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{ratios}, expected tokens {tokens}"
                     )
     rescued = [
-        run("local B1 T1", seed, policy_kw, unlucky=6)[0]
-        / run("local B1 T1", seed + 1000, policy_kw, fixed=0)[0]
+        run("local B1 T1", seed, policy_kw, unlucky=6, outliers=outliers)[0]
+        / run("local B1 T1", seed + 1000, policy_kw, fixed=0, outliers=outliers)[0]
         / best_fixed("local B1 T1")
         for seed in range(args.seeds)
     ]

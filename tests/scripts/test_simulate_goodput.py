@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scripts import simulate_goodput
 
 
@@ -27,3 +29,16 @@ def test_diagnose_prints_beliefs_beside_the_truth(capsys):
     out = capsys.readouterr().out
     assert "true cost ratios [1.0, 1.38, 1.511, 1.579]" in out
     assert "exploiting steps: predicted cost ratios 1.000" in out
+
+
+def test_outliers_lengthen_the_chosen_share_of_steps():
+    # Every step an outlier: twice the seconds at the same draws, so half the tokens per second.
+    same, _ = simulate_goodput.run("local B4 T0", 3, {}, fixed=1, outliers=(1.0, 1.0))
+    doubled, _ = simulate_goodput.run("local B4 T0", 3, {}, fixed=1, outliers=(1.0, 2.0))
+    assert doubled == pytest.approx(same / 2.0, rel=1e-12)
+
+
+def test_the_report_shows_the_lowest_run_and_its_steps(capsys):
+    simulate_goodput.main(["--seeds", "3", "--outliers", "0.03", "3"])
+    out = capsys.readouterr().out
+    assert "(10th percentile 0." in out and "lowest 0." in out and "with steps per g [" in out
