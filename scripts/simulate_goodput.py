@@ -72,13 +72,14 @@ def run(
     for step in range(num_steps):
         rows = [(8, record) for record in records]
         g = fixed if fixed is not None else policy.choose_step(rows, num_rows)
-        seconds_by_g = [policy.cost.predict(num_rows, width) for width in range(4)]
-        if choices is not None and fixed is None and not policy.measuring and seconds_by_g[0] is not None:
-            choices.append((
-                g,
-                [None if seconds is None else seconds / seconds_by_g[0] for seconds in seconds_by_g],
-                [policy.expected_tokens(rows, width) / num_rows for width in range(4)],
-            ))
+        if choices is not None and fixed is None and not policy.measuring:
+            seconds_by_g = [policy.cost.predict(num_rows, width) for width in range(4)]
+            if seconds_by_g[0] is not None:
+                choices.append((
+                    g,
+                    [None if seconds is None else seconds / seconds_by_g[0] for seconds in seconds_by_g],
+                    [policy.expected_tokens(rows, width) / num_rows for width in range(4)],
+                ))
         steps[g] += 1
         step_s = 0.05 * cost[g] * (1.0 + 0.15 * step / num_steps) * math.exp(rng.gauss(0.0, noise))
         if outliers[0] > 0 and rng.random() < outliers[0]:
@@ -139,13 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.chain_ceiling:
         AcceptanceEstimate.rates = chain_ceiling_rates
     for scenario in SCENARIOS:
-        relative, steps_per_g, choices, runs = [], [0] * 4, [], []
+        runs, choices = [], []  # runs: (goodput / best, steps per g) per seed
         for seed in range(args.seeds):
             goodput, steps = run(scenario, seed, policy_kw, choices=choices, outliers=outliers)
             autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0, outliers=outliers)
-            relative.append(goodput / autoregressive / best_fixed(scenario))
-            runs.append((relative[-1], steps))
-            steps_per_g = [total + count for total, count in zip(steps_per_g, steps)]
+            runs.append((goodput / autoregressive / best_fixed(scenario), steps))
+        relative = [ratio for ratio, _ in runs]
+        steps_per_g = [sum(column) for column in zip(*(steps for _, steps in runs))]
         lowest, lowest_steps = min(runs, key=lambda pair: pair[0])
         tenth = sorted(relative)[len(relative) // 10]
         print(

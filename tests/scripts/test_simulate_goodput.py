@@ -31,7 +31,7 @@ def test_diagnose_prints_beliefs_beside_the_truth(capsys):
     assert "exploiting steps: predicted cost ratios 1.000" in out
 
 
-def test_outliers_lengthen_the_chosen_share_of_steps():
+def test_outliers_multiply_the_seconds_of_their_steps():
     # Every step an outlier: twice the seconds at the same draws, so half the tokens per second.
     same, _ = simulate_goodput.run("local B4 T0", 3, {}, fixed=1, outliers=(1.0, 1.0))
     doubled, _ = simulate_goodput.run("local B4 T0", 3, {}, fixed=1, outliers=(1.0, 2.0))
