@@ -50,7 +50,8 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
 - Exploration: a g never measured is tried first (a few steps at start-up: the probe), climbing
   from g = 0 and stopping once goodput falls from one g to the next (the longer blocks, the dearest
   steps at a large batch, are then not probed); every `explore_every` steps the best g's neighbour
-  with the oldest measurement is re-measured, if it is predicted within `explore_margin` of the best.
+  or a g measured too seldom at this batch size (any g), whichever has the oldest measurement, is
+  re-measured, if it is predicted within `explore_margin` of the best (or too seldom measured to tell).
   Neither measures a g that could not win even at the least its step can cost (the next shorter
   block's cost, plus the draft's debt): where the draft owes a large batch its prompts, a g = 1 step
   cannot pay whatever it costs, and measuring it again only costs.
@@ -70,11 +71,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Cell:
-    # Running means of the cell's steps: wall clock and their prompt slots.
+    # Running means of the cell's steps: wall clock (net of the drift; robust, `StepCostModel`) and
+    # their prompt slots.
     mean_seconds: float
     mean_prompt_slots: float
     count: int
     last_step: int
+    # The first steps, (net seconds, prompt slots): the mean starts as their median.
+    first_steps: list[tuple[float, float]] = field(default_factory=list)
 
 
 class StepCostModel:
@@ -96,6 +100,12 @@ class StepCostModel:
     noisy start-up steps, say), and it goes to the cell. Split with the drift instead, half of each
     correction was undone by the exploited cell's next steps, and a cell measured twice at start-up
     kept its error through every re-measurement.
+
+    A cell's mean is robust to a single slow step (the host's: a prompt joining, a slow spell; 3x a
+    step's cost now and then): it starts as the median of its first `robust_samples` steps, and after
+    that a step moves it by at most `clip_ratio` x what the cell predicts for that step. A plain mean
+    let one such step in a cell's first few price it out of reach for good, or pull the drift that
+    every other cell shares (`python -m scripts.simulate_goodput --outliers 0.03 3`, docs/RESULTS.md).
     """
 
     def __init__(
@@ -105,11 +115,15 @@ class StepCostModel:
         drift_rate: float = 0.5,
         max_drift_step: float = 0.2,
         fresh_steps: int = 2,
+        robust_samples: int = 6,
+        clip_ratio: float = 1.3,
     ) -> None:
         self.smoothing = smoothing
         self.decay = decay
         self.drift_rate = drift_rate
         self.fresh_steps = fresh_steps
+        self.robust_samples = robust_samples
+        self.clip_ratio = clip_ratio
         # A step moves the drift by at most this much in log (22%): one slow step (the first of a run,
         # which feeds every prompt) must not rescale every cell.
         self.max_drift_step = max_drift_step
@@ -141,9 +155,14 @@ class StepCostModel:
             self.log_drift += self.drift_rate * min(max(surprise, -self.max_drift_step), self.max_drift_step)
         net = seconds / math.exp(self.log_drift)
         if cell is None:
-            self.cells[(num_rows, g)] = _Cell(net, float(num_prompt_slots), 1, step)
+            self.cells[(num_rows, g)] = _Cell(net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))])
             return
-        dx, dy = num_prompt_slots - cell.mean_prompt_slots, net - cell.mean_seconds
+        dx = num_prompt_slots - cell.mean_prompt_slots
+        if cell.count >= self.robust_samples:
+            # What the cell predicts at this step's prompt load; a surprise beyond clip_ratio is cut.
+            expected = max(cell.mean_seconds + self._net_seconds_per_slot * dx, 1e-9)
+            net = min(max(net, expected / self.clip_ratio), expected * self.clip_ratio)
+        dy = net - cell.mean_seconds
         self._within_xy = self.decay * self._within_xy + dx * dy
         self._within_xx = self.decay * self._within_xx + dx * dx
         # A running mean over the cell's first steps, then an exponential one: a cell's net cost is
@@ -151,8 +170,19 @@ class StepCostModel:
         rate = max(1.0 / (cell.count + 1), self.smoothing)
         cell.mean_prompt_slots += rate * dx
         cell.mean_seconds += rate * dy
+        if cell.count < self.robust_samples:
+            cell.first_steps.append((net, float(num_prompt_slots)))
+            cell.mean_seconds = self._median_of_first_steps(cell)
         cell.count += 1
         cell.last_step = step
+
+    def _median_of_first_steps(self, cell: _Cell) -> float:
+        """The median of a cell's first steps, each moved to the cell's mean prompt load (with c as
+        known now): T(B, g) = mean seconds - c x mean slots is then their median net of prompts."""
+        slope = self._net_seconds_per_slot
+        ordered = sorted(net - slope * (slots - cell.mean_prompt_slots) for net, slots in cell.first_steps)
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
     def seconds(self, cell: _Cell) -> float:
         """T(B, g) of a cell at today's drift: its mean step without the prompt slots' share."""
@@ -370,15 +400,21 @@ class GoodputPolicy:
             # Re-measure a neighbour of the best, so a peak that moves is followed step by step; not one
             # predicted to lose by more than explore_margin (the draft's debt included): at a large batch
             # each such step cost a whole step's worth of tokens, and the optimistic acceptance prior
-            # already brings a neighbour back into reach once its verdicts grow old.
-            neighbours = [
-                g for g in (best - 1, best + 1)
-                if 0 <= g <= longest and self._within_reach(rows, num_rows, g, scores[best], debt_per_token)
-            ]
-            if neighbours:
+            # already brings a neighbour back into reach once its verdicts grow old. Any g measured here
+            # fewer than confident_samples times is a candidate too, neighbour or not: a g = 0 cell
+            # priced high by its two start-up steps was never re-measured while the best sat at g = 3,
+            # and the run stayed there (docs/RESULTS.md).
+            pool = [g for g in candidates if g != best and (abs(g - best) == 1 or self._seldom_measured(num_rows, g))]
+            to_measure = [g for g in pool if self._within_reach(rows, num_rows, g, scores[best], debt_per_token)]
+            if to_measure:
                 self.measuring = True
-                return min(neighbours, key=self._last_measured(num_rows))
+                return min(to_measure, key=self._last_measured(num_rows))
         return best
+
+    def _seldom_measured(self, num_rows: int, g: int) -> bool:
+        """Whether g was measured at this batch size, but fewer than confident_samples times."""
+        cell = self.cost.measured(num_rows, g)
+        return cell is not None and cell.count < self.confident_samples
 
     def _known(self, num_rows: int, g: int) -> bool:
         """Whether g's cost at this batch size counts as known (predicted from another batch size,
