@@ -2,6 +2,7 @@
 
     python -m scripts.simulate_goodput                      # the default GoodputPolicy
     python -m scripts.simulate_goodput --optimism 1         # another optimistic prior
+    python -m scripts.simulate_goodput --optimistic-positions 0   # the prior at every position
     python -m scripts.simulate_goodput --chain-ceiling      # position i lifted at position i-1's rate
     python -m scripts.simulate_goodput --diagnose           # what goodput believed when it chose each g
     python -m scripts.simulate_goodput --outliers 0.03 3    # 3% of the steps take 3x as long
@@ -107,9 +108,12 @@ def best_fixed(scenario: str) -> float:
     return max([1.0] + [block_efficiency[g - 1] / cost[g] for g in (1, 2, 3)])
 
 
-def chain_ceiling_rates(self: AcceptanceEstimate, optimism: float = 0.0) -> list[float]:
+def chain_ceiling_rates(
+    self: AcceptanceEstimate, optimism: float = 0.0, optimistic_positions: int | None = None
+) -> list[float]:
     """AcceptanceEstimate.rates with the optimistic verdicts at position i kept at position i - 1's
-    rate (1 at position 1) instead of always: the lift no longer grows with the block's length."""
+    rate (1 at position 1) instead of always: the lift no longer grows with the block's length. At
+    every position (optimistic_positions is not used)."""
     rates, previous = [], 0.5
     for verified, kept in zip(self.num_verified, self.num_kept):
         prior = 0.5 * previous if rates else previous
@@ -124,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--optimism", type=float, default=None, help="GoodputPolicy.optimism (default: its own)")
+    parser.add_argument(
+        "--optimistic-positions", type=int, default=None,
+        help="GoodputPolicy.optimistic_positions (default: its own; 0 or less: every position)",
+    )
     parser.add_argument("--chain-ceiling", action="store_true", help="lift position i at position i-1's rate")
     parser.add_argument(
         "--diagnose",
@@ -137,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     outliers = tuple(args.outliers)
     policy_kw = {} if args.optimism is None else {"optimism": args.optimism}
+    if args.optimistic_positions is not None:
+        policy_kw["optimistic_positions"] = args.optimistic_positions if args.optimistic_positions > 0 else None
     if args.chain_ceiling:
         AcceptanceEstimate.rates = chain_ceiling_rates
     for scenario in SCENARIOS:

@@ -289,3 +289,24 @@ def test_exploration_re_measures_a_seldom_measured_g_that_is_no_neighbour():
     rows = [(8, RowAcceptance()) for _ in range(4)]
     assert policy.choose_step(rows, 4) == 0 and policy.measuring
     assert policy.best == 3
+
+
+def test_the_optimistic_prior_lifts_only_the_first_positions():
+    """The default pair keeps little deep in a block (at B = 1, T = 0: 0.32, 0.14 and 0.02 of rows at
+    positions 1, 2, 3). Position 3 is verified only in g = 3 steps, so it has few verdicts, and two
+    optimistic ones there lifted its rate from ~0.01 to ~0.14: g = 3 then looked worth 0.13 tokens
+    more than g = 2 and won its near-ties (the simulation's B = 1 runs: 1.66-1.72 expected tokens
+    at g = 3 against a true 1.48). The first two positions, which decide whether drafting pays at
+    all, keep the lift."""
+    policy = GoodputPolicy(max_draft_len=3, acceptance=AcceptanceEstimate(3, decay=1.0))
+    # 100 rows that drafted 2 (32 kept the first token, 14 both), 12 that drafted 3 (none kept all 3).
+    policy.observe_acceptance([2] * 100, [2] * 14 + [1] * 18 + [0] * 68)
+    policy.observe_acceptance([3] * 12, [2] * 2 + [1] * 2 + [0] * 8)
+    rows = [(8, RowAcceptance())]
+    third = policy.expected_tokens(rows, 3) - policy.expected_tokens(rows, 2)
+    assert 0.0 < third < 0.02
+    everywhere = GoodputPolicy(max_draft_len=3, optimistic_positions=None, acceptance=policy.acceptance)
+    assert everywhere.expected_tokens(rows, 3) - everywhere.expected_tokens(rows, 2) > 0.1
+    lifted, plain = policy.acceptance.rates(policy.optimism, 2), policy.acceptance.rates()
+    # The third moves only through its weak prior (half the lifted second rate), not by a lift of its own.
+    assert lifted[0] > plain[0] and lifted[1] > plain[1] and abs(lifted[2] - plain[2]) < 0.001

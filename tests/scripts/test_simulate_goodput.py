@@ -42,3 +42,19 @@ def test_the_report_shows_the_lowest_run_and_its_steps(capsys):
     simulate_goodput.main(["--seeds", "3", "--outliers", "0.03", "3"])
     out = capsys.readouterr().out
     assert "(10th percentile 0." in out and "lowest 0." in out and "with steps per g [" in out
+
+
+def test_optimistic_positions_reach_the_policy(monkeypatch):
+    seen = []
+    original = simulate_goodput.GoodputPolicy.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("optimistic_positions", "default"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(simulate_goodput.GoodputPolicy, "__init__", spy)
+    simulate_goodput.main(["--seeds", "1", "--optimistic-positions", "0"])
+    assert seen and set(seen) == {None}  # 0: the prior at every position
+    seen.clear()
+    simulate_goodput.main(["--seeds", "1"])
+    assert set(seen) == {"default"}
