@@ -38,7 +38,7 @@ from distributed_spec.engine.config import SamplingConfig, VerifierConfig
 from distributed_spec.models import ModelConfig
 from distributed_spec.models.tokenizers import load_tokenizer
 from distributed_spec.verify import RowSampling, SamplingParams
-from scripts.common import draft_spec, markdown_table, question_prompts
+from scripts.common import draft_spec, markdown_table, question_prompts, time_calls
 
 # Ray's names of a task's phases in its timeline (the method's own event is "task::<Class>.<method>").
 PHASES = ("task:deserialize_arguments", "task:execute", "task:store_outputs")
@@ -93,7 +93,8 @@ def critical_gaps(events: list[dict], since_us: float) -> dict[str, float]:
 
 def pickle_cost(batch_size: int, g: int = 1, repeats: int = 2000) -> dict[str, float]:
     """Microseconds to pickle and load one B-row StepRequest (Ray's cost per message, without Ray):
-    its tensors as numpy (PickledAsNumpy, as sent) and as torch tensors (the state pickled as is)."""
+    its tensors as numpy (PickledAsNumpy, as sent) and as torch tensors (the state pickled as is).
+    The median over `repeats` round trips of each, the two taking turns (scripts.common.time_calls)."""
     request = StepRequest(
         keep_rows=None,
         new_prompts=[],
@@ -103,13 +104,13 @@ def pickle_cost(batch_size: int, g: int = 1, repeats: int = 2000) -> dict[str, f
         u=torch.rand(batch_size, dtype=torch.float64),
         sampling=RowSampling.uniform(SamplingParams(), batch_size),
     )
-    costs = {}
-    for label, message in (("numpy", request), ("torch", dict(vars(request)))):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            pickle.loads(pickle.dumps(message))
-        costs[label] = 1e6 * (time.perf_counter() - start) / repeats
-    return costs
+    messages = {"numpy": request, "torch": dict(vars(request))}
+    seconds = time_calls(
+        {label: (lambda message=message: pickle.loads(pickle.dumps(message))) for label, message in messages.items()},
+        iters=repeats,
+        reduce=statistics.median,
+    )
+    return {label: 1e6 * value for label, value in seconds.items()}
 
 
 def trace(pair: ModelConfig, prompts: list[list[int]], g: int, args) -> dict:
