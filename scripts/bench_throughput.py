@@ -18,8 +18,9 @@ fell on it alone, see `turn_order`): autoregressive (the target alone), constant
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
 max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
---static-batch-sizes. Runtimes: local (the single-process engine) and Ray at TP = 1 and 2 (ray1,
-ray2; over --ray-batch-sizes). Ratios are tokens/s over autoregressive, mean over seeds.
+--static-batch-sizes. Runtimes: local (the single-process engine), Ray at TP = 1 and 2 (ray1,
+ray2; over --ray-batch-sizes), and on request ray1-in-shard (TP = 1 with the draft inside the shard,
+parallel.draft_in_shard). Ratios are tokens/s over autoregressive, mean over seeds.
 The goodput table shows, per cell, autoregressive's fastest seed over its slowest: at T = 0 the
 seeds do identical work, so that spread is the host's own run-to-run noise, the yardstick for
 goodput / best. Beside goodput / best it prints a 90% interval on it, paired by seed (Student's t
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from distributed_spec.config import SchedulingConfig, VerifierConfig
 from scripts.common import (
+    RUNTIMES,
     base_job,
     markdown_table,
     mean,
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         "--proposers", nargs="+", default=["model"], choices=["model", "ngram", "model+ngram"],
         help="verifier.proposer of the drafting policies: each besides model adds fixed-g and goodput policies",
     )
-    parser.add_argument("--runtimes", nargs="+", default=["local", "ray1", "ray2"], choices=["local", "ray1", "ray2"])
+    parser.add_argument("--runtimes", nargs="+", default=["local", "ray1", "ray2"], choices=RUNTIMES)
     parser.add_argument("--static-batch-sizes", type=int, nargs="*", default=[16])
     parser.add_argument("--static-policies", nargs="*", default=["autoregressive", "goodput"])
     parser.add_argument("--dtype", default="bfloat16")

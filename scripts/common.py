@@ -216,9 +216,22 @@ def run_grid_and_report(args, run_grid: Callable, write_results: Callable) -> No
 
 
 
+# The runtimes a benchmark runs the job in: the single-process engine; Ray at TP = 1 and 2 (a draft
+# actor beside the shards); Ray at TP = 1 with the draft inside the shard (parallel.draft_in_shard).
+RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard")
+
+
+def runtime_overrides(runtime: str) -> list[str]:
+    """The job's overrides for one of RUNTIMES."""
+    if runtime == "local":
+        return []
+    tp_size, _, variant = runtime.removeprefix("ray").partition("-")
+    return ["parallel=ray", f"parallel.tp_size={tp_size}"] + (["parallel.draft_in_shard=true"] if variant else [])
+
+
 def base_job(args, runtime: str, input_path: Path):
     """The JobConfig `python -m distributed_spec.generate` composes from conf/ (the default pair; with
-    args.tiny the tiny pair in args.tiny_dirs; else model.dtype=args.dtype), local or Ray at TP = runtime[-1]."""
+    args.tiny the tiny pair in args.tiny_dirs; else model.dtype=args.dtype), in `runtime` (one of RUNTIMES)."""
     from hydra import compose, initialize_config_dir
 
     from distributed_spec.config import JobConfig
@@ -243,8 +256,7 @@ def base_job(args, runtime: str, input_path: Path):
         ]
     else:
         overrides.append(f"model.dtype={args.dtype}")
-    if runtime != "local":
-        overrides += ["parallel=ray", f"parallel.tp_size={runtime[-1]}"]
+    overrides += runtime_overrides(runtime)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return JobConfig.from_dictconfig(compose(config_name="generate", overrides=overrides))
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scripts.bench_throughput import Policy, write_records
-from scripts.common import base_job, measure
+from scripts.common import RUNTIMES, base_job, measure
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-records", type=int, default=64)
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--runtime", default="local", choices=["local", "ray1", "ray2"], help="ray<N>: Ray at TP = N")
+    parser.add_argument(
+        "--runtime", default="local", choices=RUNTIMES, help="ray<N>: Ray at TP = N; -in-shard: the draft inside the shard"
+    )
     parser.add_argument("--idle-draft", action="store_true", help="also run goodput held at g = 0")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-trace", action="store_true", help="print tokens/s only")

@@ -61,6 +61,11 @@ class ParallelConfig:
     # The keys below are read by runtime=ray only.
     # Device of the draft: "auto" (the shards' device) or "cpu" (its own CPU bundle, no GPU).
     draft_device: str = "auto"
+    # Run the draft inside target shard 0's actor instead of an actor of its own (tp_size 1): a step
+    # is then one Ray call, and the block never leaves the process. The draft runs between the
+    # shard's forwards on the shard's threads and device and reserves nothing of its own
+    # (num_cpus_draft and num_gpus_draft are not read).
+    draft_in_shard: bool = False
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
     num_cpus_per_shard: float = 1.0
     # Logical CPUs reserved for the draft.
@@ -142,7 +147,10 @@ class ParallelConfig:
         # Device auto is checked as the backend implies; resolve() checks the settled copy again.
         gpu = self.device == "cuda" or (self.device == "auto" and self.backend == "nccl")
         require(
-            not (self.runtime == "ray" and gpu and self.draft_device == "auto" and self.num_gpus_draft <= 0),
+            not (
+                self.runtime == "ray" and gpu and self.draft_device == "auto" and self.num_gpus_draft <= 0
+                and not self.draft_in_shard
+            ),
             f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
             "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu",
         )
@@ -170,6 +178,17 @@ class ParallelConfig:
         require(
             self.step_timeout_s > 0 and self.load_timeout_s > 0,
             "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
+        )
+        require(
+            not self.draft_in_shard or self.tp_size == 1,
+            f"parallel.draft_in_shard=true runs the draft inside the only target shard; with "
+            f"parallel.tp_size={self.tp_size} the other shards would need its block, which only a separate "
+            "draft actor sends; set parallel.draft_in_shard=false or parallel.tp_size=1",
+        )
+        require(
+            not (self.draft_in_shard and self.overlap),
+            "parallel.overlap=true drafts the next block while the shards verify, which a draft inside "
+            "the shard's own process cannot do; set parallel.overlap=false or parallel.draft_in_shard=false",
         )
         require(self.max_restarts >= 0, f"parallel.max_restarts must be >= 0, got {self.max_restarts}")
         require(
@@ -243,8 +262,9 @@ class ParallelConfig:
 
     @property
     def draft_shares_gpu(self) -> bool:
-        """Whether the draft shares shard 0's GPU (a fractional num_gpus_draft on cuda)."""
-        return self.draft_on_gpu and self.num_gpus_draft < 1
+        """Whether the draft actor shares shard 0's GPU (a fractional num_gpus_draft on cuda; a draft
+        inside shard 0 has no actor: it uses the shard's GPU, see draft_in_shard)."""
+        return self.draft_on_gpu and self.num_gpus_draft < 1 and not self.draft_in_shard
 
     @property
     def resolved_draft_device(self) -> str:

@@ -23,6 +23,9 @@ A step that neither runs the draft model (g = 0, as goodput runs most steps at a
 catches it up makes no call 1: the coordinator holds that step's request and verdict back and sends
 the held steps with the draft's next `step` (its `held`), which replays them in order first, as
 their own calls would have (the draft is idle in such steps and owes nothing until it drafts).
+With parallel.draft_in_shard (TP = 1) there is no draft actor: 1 and 2 are one call,
+`draft_and_verify(DraftRequest, block, StepRequest)` on the shard, whose draft keeps its verdicts
+in the process; no step is held back.
 With parallel.overlap the draft also runs `propose_ahead` after 1, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
@@ -66,6 +69,7 @@ from distributed_spec.distributed.group import LoadTimeoutError, ModelFactory, R
 from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.placement import local_num_cpus
 from distributed_spec.distributed.wire import (
+    DraftBlock,
     WireFormat,
     num_block_outputs,
     point_mass_block,
@@ -357,9 +361,11 @@ class RayCoordinator:
             prefill_chunk_tokens=plan.prefill_chunk_tokens,
         )
         # A launched draft sits idle while no draft model is used (the autoregressive baseline, n-grams).
-        draft = actors.draft if self.config.verifier.uses_draft_model else None
-        model_g = plan.num_model_drafts if draft is not None else 0
-        if draft is not None:
+        uses_draft = self.config.verifier.uses_draft_model
+        draft = actors.draft if uses_draft else None
+        in_shard = uses_draft and actors.draft_in_shard
+        model_g = plan.num_model_drafts if draft is not None or in_shard else 0
+        if draft is not None or in_shard:
             draft_request = DraftRequest(
                 keep_rows=plan.keep_rows,
                 new_prompts=plan.new_prompts,
@@ -381,17 +387,17 @@ class RayCoordinator:
             )
             self._draft_verdict, self._held_draft_steps = None, []
         if model_g == 0:
-            # No draft model in this step: the n-gram blocks (built here: they are token ids only), or none.
-            ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.g > 0 else None
-            if ngram_ids is None:
-                ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
-            verifier_block = point_mass_block(ngram_ids, actors.vocab_size, self._wire)
-            # Point masses are (value, id) pairs: every shard of a vocabulary-parallel group gets them whole.
-            blocks = [verifier_block] + [verifier_block.without_probs()] * (self._wire.vocab_shards == 0)
-        result_refs = [
-            shard.score_and_verify.remote(shard_block(blocks, rank, self._wire), request)
-            for rank, shard in enumerate(actors.shards)
-        ]
+            blocks = self._blocks_without_draft(plan)
+        if in_shard:
+            # parallel.draft_in_shard: the whole step is one call (TargetShard.draft_and_verify).
+            result_refs = [
+                actors.shards[0].draft_and_verify.remote(draft_request, blocks[0] if model_g == 0 else None, request)
+            ]
+        else:
+            result_refs = [
+                shard.score_and_verify.remote(shard_block(blocks, rank, self._wire), request)
+                for rank, shard in enumerate(actors.shards)
+            ]
         if draft is not None and not hold:
             same_rows = not plan.new_prompts and bool(plan.decoding.all())
             # Drafting ahead assumes the draft drafted every row's block (no n-gram rows), one path per
@@ -433,6 +439,16 @@ class RayCoordinator:
         coordinator_s = (submitted - iteration_start) + (time.perf_counter() - answered)
         self._time(outcome, result, time.perf_counter() - iteration_start, coordinator_s)
         return outcome
+
+    def _blocks_without_draft(self, plan: StepPlan) -> list[DraftBlock]:
+        """A step without the draft model: the n-gram blocks (built here: they are token ids only), or
+        none (a plain step), for rank 0 and the other ranks (as the draft's outputs, num_block_outputs)."""
+        ngram_ids = plan.ngram_ids if plan.ngram_ids is not None and plan.g > 0 else None
+        if ngram_ids is None:
+            ngram_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long)
+        verifier_block = point_mass_block(ngram_ids, self.actors.vocab_size, self._wire)
+        # Point masses are (value, id) pairs: every shard of a vocabulary-parallel group gets them whole.
+        return [verifier_block] + [verifier_block.without_probs()] * (self._wire.vocab_shards == 0)
 
     def _time(self, outcome: StepOutcome, result: StepResult, iteration_s: float, coordinator_s: float) -> None:
         timings = self.timings

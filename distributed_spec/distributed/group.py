@@ -55,6 +55,8 @@ class RuntimeActors:
     # Rank order: shards[0] is rank 0.
     shards: list[ActorHandle]
     draft: ActorHandle | None
+    # The draft runs inside shards[0] (parallel.draft_in_shard; `draft` is then None).
+    draft_in_shard: bool = False
     # The shards' device, "cpu" or "cuda" (parallel.device=auto decided).
     device: str = "cpu"
     shard_node_ids: list[str] = field(default_factory=list)
@@ -144,7 +146,10 @@ def launch(
             for slot in plan.shards
         ]
         draft = None
+        draft_in_shard = engine.verifier.uses_draft_model and plan.draft_in_shard
         if engine.verifier.uses_draft_model:
+            draft_factory = factory_on_device(draft_factory, plan.draft_device)
+        if engine.verifier.uses_draft_model and not draft_in_shard:
             slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
@@ -155,9 +160,13 @@ def launch(
                 )
                 .remote(num_threads=max(1, round(config.num_cpus_draft)))
             )
-            draft_factory = factory_on_device(draft_factory, plan.draft_device)
         actors = RuntimeActors(
-            placement_group=group, rendezvous=rendezvous, shards=shards, draft=draft, device=config.device
+            placement_group=group,
+            rendezvous=rendezvous,
+            shards=shards,
+            draft=draft,
+            draft_in_shard=draft_in_shard,
+            device=config.device,
         )
         # Host sync: local ranks and LOCAL_SIZE depend on where Ray put each shard.
         node_ids = _get_within_load_timeout([actor.node_id.remote() for actor in actors.all_actors], config)
@@ -165,8 +174,8 @@ def launch(
         # Segments of groups killed without a teardown would pile up in /dev/shm (RAM) run after run.
         remove_shm_segments(actors.shard_node_ids, None)
         fetch_on_nodes([target_factory], actors.shard_node_ids)
-        if draft is not None:
-            fetch_on_nodes([draft_factory], node_ids[len(shards) :])
+        if draft is not None or draft_in_shard:
+            fetch_on_nodes([draft_factory], node_ids[len(shards) :] or actors.shard_node_ids[:1])
         placements = shard_placements(actors.shard_node_ids)
         load_refs = [
             shard.load.remote(
@@ -180,10 +189,10 @@ def launch(
             )
             for shard, placement in zip(shards, placements)
         ]
-        if draft is not None:
-            load_refs.append(
-                draft.load.remote(draft_factory, plan.draft_device, engine.scheduling.compact_fraction, draft_seed)
-            )
+        if draft is not None or draft_in_shard:
+            # Shard 0 runs its calls in order: its target loads first, then the draft beside it.
+            load = draft.load if draft is not None else shards[0].load_draft
+            load_refs.append(load.remote(draft_factory, plan.draft_device, engine.scheduling.compact_fraction, draft_seed))
         # Host sync: nothing can be prefilled before every model is loaded.
         loaded = _get_within_load_timeout(load_refs, config)
         actors.shard_memory = [
@@ -191,7 +200,7 @@ def launch(
         ]
         # What the actors built, checked as one pair (models/pair.py): vocabulary, context.
         target_facts = loaded[0]["facts"]
-        draft_facts = loaded[-1]["facts"] if draft is not None else None
+        draft_facts = loaded[-1]["facts"] if draft is not None or draft_in_shard else None
         actors.vocab_size = int(target_facts.vocab_size)
         actors.max_context = check_pair(target_facts, draft_facts, max_context_len)
         logger.info(
@@ -199,7 +208,7 @@ def launch(
             config.tp_size,
             rendezvous.master_addr,
             rendezvous.master_port,
-            "yes" if draft else "no",
+            "inside shard 0" if draft_in_shard else "yes" if draft else "no",
         )
         return actors
     except BaseException:

@@ -4,7 +4,8 @@ Bundles [shard_0 .. shard_{tp-1}] (+ a draft bundle). On cuda each shard bundle 
 draft, unless it runs on the CPU (parallel.draft_device=cpu) or asks for whole GPUs
 (parallel.num_gpus_draft >= 1), shares shard 0's GPU: it sits in shard 0's bundle with a fraction
 num_gpus_draft of the GPU, shard 0 takes the rest. So tp_size shards and the draft fit on tp_size
-GPUs, e.g. a 70B target over the 8 GPUs of one node with its 1B draft beside shard 0.
+GPUs, e.g. a 70B target over the 8 GPUs of one node with its 1B draft beside shard 0. With
+parallel.draft_in_shard the draft has no actor and no bundle: it runs inside shard 0's.
 
 Shards are packed on one node where possible (STRICT_PACK), so the CPU all-reduce can use shared
 memory and NCCL can use NVLink; when no single node can hold them the group falls back to PACK.
@@ -49,6 +50,8 @@ class RuntimePlacement:
     draft: ActorSlot
     # "cpu" or "cuda": where the draft's model runs.
     draft_device: str
+    # The draft runs inside shard 0's actor (parallel.draft_in_shard): `draft` is then shard 0's slot.
+    draft_in_shard: bool = False
 
 
 def plan_placement(config: ParallelConfig) -> RuntimePlacement:
@@ -57,6 +60,8 @@ def plan_placement(config: ParallelConfig) -> RuntimePlacement:
     shard = {"CPU": config.num_cpus_per_shard} | ({"GPU": 1.0} if gpu else {})
     bundles = [dict(shard) for _ in range(config.tp_size)]
     shards = [ActorSlot(rank, config.num_cpus_per_shard, shard.get("GPU", 0.0)) for rank in range(config.tp_size)]
+    if config.draft_in_shard:
+        return RuntimePlacement(bundles, shards, shards[0], config.resolved_draft_device, draft_in_shard=True)
     if config.draft_shares_gpu:
         bundles[0]["CPU"] += config.num_cpus_draft
         shards[0] = ActorSlot(0, config.num_cpus_per_shard, 1.0 - config.num_gpus_draft)
@@ -146,7 +151,9 @@ def check_fits(config: ParallelConfig, placement: RuntimePlacement, nodes: list[
     most_gpus = max((node.get("GPU", 0.0) for node in nodes), default=0.0)
     if config.device == "cuda" and (need_gpus > have_gpus or most_gpus < 1):
         draft = (
-            f"+ {config.num_gpus_draft:g} for the draft (parallel.num_gpus_draft)"
+            "(the draft inside shard 0)"
+            if placement.draft_in_shard
+            else f"+ {config.num_gpus_draft:g} for the draft (parallel.num_gpus_draft)"
             if placement.draft.bundle == config.tp_size and placement.draft.num_gpus
             else "(the draft shares shard 0's GPU)" if config.draft_shares_gpu else "(the draft on the CPU)"
         )
@@ -181,10 +188,11 @@ def format_plan(config: ParallelConfig, placement: RuntimePlacement, nodes: list
     for node in sorted(set(assignment)):
         actors = [
             f"shard {rank} ({slot.num_gpus:g} GPU, {slot.num_cpus:g} CPU)"
+            + (" with the draft inside it" if rank == 0 and placement.draft_in_shard else "")
             for rank, slot in enumerate(placement.shards)
             if assignment[slot.bundle] == node
         ]
-        if assignment[placement.draft.bundle] == node:
+        if not placement.draft_in_shard and assignment[placement.draft.bundle] == node:
             actors.append(f"draft ({placement.draft.num_gpus:g} GPU, {placement.draft.num_cpus:g} CPU)")
         used = {key: sum(placement.bundles[b].get(key, 0.0) for b, n in enumerate(assignment) if n == node)
                 for key in ("GPU", "CPU")}

@@ -8,7 +8,15 @@ built whole and cut. After the sharding pass the model is an ordinary module who
 all-reduce inside the group, so the single-process runner drives it unchanged: the parallelism is
 applied to plain model code from outside, never written into it.
 
-Verbs: `node_id`, `load`, `logits` and `output_width` (tests), `begin`, `score_and_verify`, `shutdown`.
+Verbs: `node_id`, `load`, `load_draft`, `logits` and `output_width` (tests), `begin`,
+`score_and_verify`, `draft_and_verify`, `shutdown`.
+
+With parallel.draft_in_shard (tp_size 1) the draft lives in this actor too (`load_draft`: a
+DraftWorker, the same object the draft actor wraps), and a step is one call, `draft_and_verify`:
+the draft applies its last verdict, which it kept here, and the row changes, proposes the block,
+and this shard scores and verifies it; the block never leaves the process. Every step goes
+through the draft (a step without a draft only applies the row changes there), in the order a
+draft actor would have replayed the steps the coordinator held back from it.
 
 One step (`score_and_verify`): every rank applies the step's row changes (finished rows leave, new
 rows join with their prompts staged) and scores [Y, X_1..X_g] after each row's next prompt chunk in
@@ -40,8 +48,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from distributed_spec.distributed.draft_worker import DraftWorker
 from distributed_spec.distributed.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
-from distributed_spec.distributed.messages import DecodeSettings, StepRequest, StepResult
+from distributed_spec.distributed.messages import DecodeSettings, DraftRequest, StepRequest, StepResult
 from distributed_spec.distributed.rendezvous import Rendezvous, ShardPlacement, init_shard_group
 from distributed_spec.distributed.shard_loading import autotp, load_shard, parameter_bytes
 from distributed_spec.distributed.vocab_head import head_vocab_size, use_head, vocab_slice_head
@@ -89,6 +98,8 @@ class TargetShard:
         self.full_head: torch.nn.Module | None = None
         self.vocab_head: torch.nn.Module | None = None
         self.shard: VocabShard | None = None
+        # parallel.draft_in_shard: the draft, in this process (load_draft).
+        self.draft: DraftWorker | None = None
 
     def node_id(self) -> str:
         import ray  # noqa: PLC0415 - the class itself stays importable and testable without Ray
@@ -132,8 +143,17 @@ class TargetShard:
             "load_peak_rss_bytes": load_peak_rss,
         }
 
+    def load_draft(
+        self, model_factory: ModelFactory, device: str, compact_fraction: float, seed: int
+    ) -> dict[str, ModelFacts]:
+        """parallel.draft_in_shard: build the draft in this actor, on this shard's threads (DraftWorker.load)."""
+        self.draft = DraftWorker(num_threads=torch.get_num_threads())
+        return self.draft.load(model_factory, device, compact_fraction, seed)
+
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch, with the output head its verification mode needs."""
+        if self.draft is not None:
+            self.draft.begin(settings)
         self.method = settings.method
         self.vocab_parallel = settings.verify == "vocab_parallel"
         if self.vocab_parallel and self.vocab_head is None:
@@ -182,6 +202,20 @@ class TargetShard:
             num_prefill_apart_tokens=self.runner.num_prefill_apart_tokens - prefill_before[1],
             path_indices=path_indices,
         )
+
+    def draft_and_verify(
+        self, draft_request: DraftRequest, block: DraftBlock | None, request: StepRequest
+    ) -> StepResult:
+        """parallel.draft_in_shard: one whole step in this process. The draft applies its last
+        verdict and the row changes and proposes (DraftWorker.step); `block` is the coordinator's
+        when the draft proposes nothing (n-gram blocks, or none: a plain step), else None. The
+        verdict stays here for the draft's next step."""
+        drafted = self.draft.step(draft_request)[0]
+        result = self.score_and_verify(drafted if block is None else block, request)
+        if block is None:
+            result.num_wire_bytes = 0  # the drafted block never left this process
+        self.draft.commit(result)
+        return result
 
     def _step_one_path(
         self, block: DraftBlock, request: StepRequest, num_draft_tokens: torch.Tensor

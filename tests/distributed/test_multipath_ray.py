@@ -48,17 +48,23 @@ def engine_results(config: EngineConfig, prompts):
     return SpeculativeEngine(TARGET(), DRAFT(), config).generate_with_stats(prompts)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[(1, False), (2, False), (1, True)], ids=["tp1", "tp2", "tp1-draft-in-shard"])
 def runtime(ray_cluster, request):
-    """A launched runtime at TP = 1, then at TP = 2 (each reused by every test of its turn)."""
-    coordinator = RayCoordinator(TARGET, DRAFT, CONFIG, replace(RUNTIME, tp_size=request.param)).start()
+    """A launched runtime at TP = 1, at TP = 2, and at TP = 1 with the draft inside the shard
+    (parallel.draft_in_shard), each reused by every test of its turn."""
+    tp_size, draft_in_shard = request.param
+    coordinator = RayCoordinator(
+        TARGET, DRAFT, CONFIG, replace(RUNTIME, tp_size=tp_size, draft_in_shard=draft_in_shard)
+    ).start()
     yield coordinator
     coordinator.close()
 
 
 def use_runtime(coordinator: RayCoordinator, **changes) -> None:
     """The module's RUNTIME at the coordinator's TP size, with `changes` (each test sets its own)."""
-    coordinator.runtime = replace(RUNTIME, tp_size=coordinator.runtime.tp_size, **changes)
+    coordinator.runtime = replace(
+        RUNTIME, tp_size=coordinator.runtime.tp_size, draft_in_shard=coordinator.runtime.draft_in_shard, **changes
+    )
 
 
 def assert_ray_equals_engine(coordinator: RayCoordinator, config: EngineConfig, prompts) -> None:
@@ -100,6 +106,8 @@ def test_paths_while_rows_join_with_chunked_prompts(runtime):
 
 def test_paths_draft_nothing_ahead_under_overlap(runtime):
     """parallel.overlap drafts one path ahead; with K paths the step runs without it, unchanged."""
+    if runtime.runtime.draft_in_shard:
+        pytest.skip("a draft inside the shard refuses parallel.overlap (test_draft_in_shard.py)")
     config = engine_replace(CONFIG, max_batch_size=1, num_paths=2)
     use_runtime(runtime, overlap=True)
     assert_ray_equals_engine(runtime, config, PROMPTS[:2])

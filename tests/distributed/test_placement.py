@@ -27,6 +27,7 @@ from distributed_spec.distributed.placement import (
     check_fits,
     cluster_nodes,
     create_placement_group,
+    format_plan,
     plan_placement,
     plan_runtime,
     remove_group,
@@ -68,6 +69,21 @@ def test_whole_gpus_for_the_draft_need_a_bundle_and_a_gpu_of_its_own():
     assert "\n" not in message and "needs 9 GPUs" in message
     assert "parallel.num_gpus_draft" in message and "parallel.draft_device=cpu" in message
     assert check_fits(config, plan, [node(8), node(8)]) is not None  # PACK over two nodes
+
+
+def test_a_draft_inside_shard_zero_takes_no_bundle_and_no_resources():
+    config = ray_config(tp_size=1, draft_in_shard=True, **CUDA)
+    plan = plan_placement(config)
+    # The shard's bundle only, as the autoregressive baseline reserves: the draft runs on its GPU.
+    assert plan.bundles == [{"CPU": 1.0, "GPU": 1.0}]
+    assert plan.draft_in_shard and plan.draft == plan.shards[0] and plan.draft_device == "cuda"
+    assert not config.draft_shares_gpu
+    text = format_plan(config, plan, [node(1)], check_fits(config, plan, [node(1)]))
+    assert "shard 0 (1 GPU, 1 CPU) with the draft inside it" in text and "draft (" not in text
+    with pytest.raises(PlacementError, match=r"needs 1 GPUs \(1 shards \(the draft inside shard 0\)\)"):
+        check_fits(config, plan, [node(0)])
+    # num_gpus_draft is not read: no actor of its own to leave without a GPU.
+    ray_config(tp_size=1, draft_in_shard=True, num_gpus_draft=0.0, **CUDA)
 
 
 def test_a_cpu_draft_takes_no_gpu():

@@ -140,10 +140,9 @@ def test_sampling_replays_the_engine_exactly_without_overlap(tp2, draft_length):
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
 
 
-@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive"])
-def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, draft_len_schedule):
-    """Per-row random streams: Ray with 3 rows at a time, long prompts chunked, gives each prompt the
-    tokens the single-process engine gives it alone (sampled)."""
+def assert_continuous_batching_matches_each_prompt_alone(coordinator, draft_len_schedule: str) -> None:
+    """Ray with 3 rows at a time, long prompts chunked, gives each prompt the tokens the
+    single-process engine gives it alone (sampled)."""
     prompts = [[(3 * i + j) % VOCAB_SIZE for j in range(1 + (5 * i) % 11)] for i in range(10)]
     config = engine_replace(
         GREEDY,
@@ -155,14 +154,20 @@ def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, 
         max_draft_len=6,
         seed=7,
     )
-    tp2.config = config
-    tp2.runtime = RUNTIME
-    results = tp2.generate(prompts)
+    coordinator.config = config
+    results = coordinator.generate(prompts)
     alone, _ = engine_results(
         engine_replace(config, max_batch_size=1, scheduling=replace(config.scheduling, prefill_chunk_tokens=None)),
         prompts,
     )
     assert [r.token_ids for r in results] == [r.token_ids for r in alone]
+
+
+@pytest.mark.parametrize("draft_len_schedule", ["constant", "adaptive"])
+def test_continuous_batching_matches_the_engine_decoding_each_prompt_alone(tp2, draft_len_schedule):
+    """Per-row random streams: a record's tokens do not depend on the rows it shares a batch with."""
+    tp2.runtime = RUNTIME
+    assert_continuous_batching_matches_each_prompt_alone(tp2, draft_len_schedule)
 
 
 def test_goodput_greedy_output_identical_to_engine(tp2):
@@ -174,19 +179,25 @@ def test_goodput_greedy_output_identical_to_engine(tp2):
     assert sum(stats.num_steps_per_draft_len) == stats.num_target_calls
 
 
-@pytest.mark.parametrize("proposer", ["model", "model+ngram"])
-def test_goodput_probe_rows_replay_the_engine_exactly(tp2, scripted_goodput, proposer):
-    """Measurement steps that draft for one row (the others verify no draft, the draft actor leaves
-    them unfed, prompts still staged included): sampled output equal to the engine's."""
+def assert_goodput_probe_rows_replay_the_engine(coordinator, scripted_goodput, proposer: str):
+    """Plain steps, measurement steps that draft for one row (the others verify no draft and the draft
+    leaves them unfed, prompts still staged included), n-gram rows under the draft's: sampled output
+    equal to the engine's. Returns the run's stats."""
     pattern = [(0, True)] * 2 + [(2, True)] * 3 + [(0, False)] * 2 + [(3, True)] * 2 + [(2, False)] * 200
     scripted_goodput(pattern, probe_rows=1)
-    tp2.config = engine_replace(
+    coordinator.config = engine_replace(
         SAMPLED_REPEATS, proposer=proposer, draft_len_schedule="goodput", max_draft_len=3, max_batch_size=4
     )
-    tp2.runtime = RUNTIME
-    results, _ = tp2.generate_with_stats(REPEATING_PROMPTS)
-    reference, _ = engine_results(tp2.config, REPEATING_PROMPTS)
+    results, stats = coordinator.generate_with_stats(REPEATING_PROMPTS)
+    reference, _ = engine_results(coordinator.config, REPEATING_PROMPTS)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    return stats
+
+
+@pytest.mark.parametrize("proposer", ["model", "model+ngram"])
+def test_goodput_probe_rows_replay_the_engine_exactly(tp2, scripted_goodput, proposer):
+    tp2.runtime = RUNTIME
+    assert_goodput_probe_rows_replay_the_engine(tp2, scripted_goodput, proposer)
     # The g = 0 steps reached the draft actor later, in one replay call each run of them.
     assert tp2.timings.num_draft_steps_held >= 4
 
