@@ -19,7 +19,7 @@ the same with the draft's confidence stop (--confidence), and the goodput schedu
 max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
 --static-batch-sizes. Runtimes: local (the single-process engine), Ray at TP = 1 and 2 (ray1,
-ray2; over --ray-batch-sizes), and on request ray1-in-shard (TP = 1 with the draft inside the shard,
+ray2; over --ray-batch-sizes), and on request ray1-in-shard / ray2-in-shard (the draft inside shard 0,
 parallel.draft_in_shard). Ratios are tokens/s over autoregressive, mean over seeds.
 The goodput table shows, per cell, autoregressive's fastest seed over its slowest: at T = 0 the
 seeds do identical work, so that spread is the host's own run-to-run noise, the yardstick for
@@ -408,6 +408,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--static-policies", nargs="*", default=["autoregressive", "goodput"])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="tiny random models instead of the default pair")
+    parser.add_argument(
+        "--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+        help="Hydra overrides for every job, after the runtime's (e.g. parallel.num_cpus_per_shard=2)",
+    )
     parser.add_argument("--out", default="docs/bench/throughput")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="DIR", help="report these runs' results.json, run nothing")
     args = parser.parse_args(argv)

@@ -217,8 +217,8 @@ def run_grid_and_report(args, run_grid: Callable, write_results: Callable) -> No
 
 
 # The runtimes a benchmark runs the job in: the single-process engine; Ray at TP = 1 and 2 (a draft
-# actor beside the shards); Ray at TP = 1 with the draft inside the shard (parallel.draft_in_shard).
-RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard")
+# actor beside the shards); the same with the draft inside shard 0 (parallel.draft_in_shard).
+RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard", "ray2-in-shard")
 
 
 def runtime_overrides(runtime: str) -> list[str]:
@@ -257,6 +257,8 @@ def base_job(args, runtime: str, input_path: Path):
     else:
         overrides.append(f"model.dtype={args.dtype}")
     overrides += runtime_overrides(runtime)
+    # The caller's own, last, so that they win (e.g. parallel.num_cpus_per_shard=2).
+    overrides += list(getattr(args, "overrides", None) or [])
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return JobConfig.from_dictconfig(compose(config_name="generate", overrides=overrides))
 

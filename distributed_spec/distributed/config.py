@@ -61,10 +61,11 @@ class ParallelConfig:
     # The keys below are read by runtime=ray only.
     # Device of the draft: "auto" (the shards' device) or "cpu" (its own CPU bundle, no GPU).
     draft_device: str = "auto"
-    # Run the draft inside target shard 0's actor instead of an actor of its own (tp_size 1): a step
-    # is then one Ray call, and the block never leaves the process. The draft runs between the
-    # shard's forwards on the shard's threads and device and reserves nothing of its own
-    # (num_cpus_draft and num_gpus_draft are not read).
+    # Run the draft inside target shard 0's actor instead of an actor of its own: a step is then one
+    # Ray call per shard, and q never leaves rank 0's process (the other ranks get the block's ids
+    # by broadcast inside the group). The draft runs between the shard's forwards on the shard's
+    # threads and device and reserves nothing of its own (num_cpus_draft / num_gpus_draft are not
+    # read). Not with parallel.overlap, nor with verify=vocab_parallel at tp_size > 1.
     draft_in_shard: bool = False
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
     num_cpus_per_shard: float = 1.0
@@ -180,10 +181,10 @@ class ParallelConfig:
             "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
         )
         require(
-            not self.draft_in_shard or self.tp_size == 1,
-            f"parallel.draft_in_shard=true runs the draft inside the only target shard; with "
-            f"parallel.tp_size={self.tp_size} the other shards would need its block, which only a separate "
-            "draft actor sends; set parallel.draft_in_shard=false or parallel.tp_size=1",
+            not (self.draft_in_shard and self.verify == "vocab_parallel" and self.tp_size > 1),
+            "parallel.draft_in_shard=true shares the drafted block's ids with the other shards, not "
+            "their slices of q that parallel.verify=vocab_parallel needs; set parallel.verify=gather "
+            "or parallel.draft_in_shard=false",
         )
         require(
             not (self.draft_in_shard and self.overlap),

@@ -23,9 +23,10 @@ A step that neither runs the draft model (g = 0, as goodput runs most steps at a
 catches it up makes no call 1: the coordinator holds that step's request and verdict back and sends
 the held steps with the draft's next `step` (its `held`), which replays them in order first, as
 their own calls would have (the draft is idle in such steps and owes nothing until it drafts).
-With parallel.draft_in_shard (TP = 1) there is no draft actor: 1 and 2 are one call,
-`draft_and_verify(DraftRequest, block, StepRequest)` on the shard, whose draft keeps its verdicts
-in the process; no step is held back.
+With parallel.draft_in_shard there is no draft actor: 1 and 2 are one call per shard,
+`draft_and_verify(DraftRequest to rank 0 only, block, StepRequest)`; rank 0's draft keeps its
+verdicts in the process and rank 0 broadcasts the drafted ids to the other ranks; no step is held
+back.
 With parallel.overlap the draft also runs `propose_ahead` after 1, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
@@ -389,9 +390,15 @@ class RayCoordinator:
         if model_g == 0:
             blocks = self._blocks_without_draft(plan)
         if in_shard:
-            # parallel.draft_in_shard: the whole step is one call (TargetShard.draft_and_verify).
+            # parallel.draft_in_shard: the whole step is one call per shard (TargetShard.draft_and_verify);
+            # a drafted block reaches the other ranks from rank 0, inside the group.
             result_refs = [
-                actors.shards[0].draft_and_verify.remote(draft_request, blocks[0] if model_g == 0 else None, request)
+                shard.draft_and_verify.remote(
+                    draft_request if rank == 0 else None,
+                    shard_block(blocks, rank, self._wire) if model_g == 0 else None,
+                    request,
+                )
+                for rank, shard in enumerate(actors.shards)
             ]
         else:
             result_refs = [

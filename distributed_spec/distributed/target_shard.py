@@ -11,12 +11,13 @@ applied to plain model code from outside, never written into it.
 Verbs: `node_id`, `load`, `load_draft`, `logits` and `output_width` (tests), `begin`,
 `score_and_verify`, `draft_and_verify`, `shutdown`.
 
-With parallel.draft_in_shard (tp_size 1) the draft lives in this actor too (`load_draft`: a
-DraftWorker, the same object the draft actor wraps), and a step is one call, `draft_and_verify`:
-the draft applies its last verdict, which it kept here, and the row changes, proposes the block,
-and this shard scores and verifies it; the block never leaves the process. Every step goes
-through the draft (a step without a draft only applies the row changes there), in the order a
-draft actor would have replayed the steps the coordinator held back from it.
+With parallel.draft_in_shard the draft lives in rank 0's actor too (`load_draft`: a DraftWorker,
+the same object the draft actor wraps), and a step is one call per rank, `draft_and_verify`: the
+draft applies its last verdict, which it kept here, and the row changes, proposes the block, rank 0
+broadcasts the block's ids to the other ranks (tp_size > 1), and the group scores and verifies it;
+q never leaves rank 0's process. Every step goes through the draft (a step without a draft only
+applies the row changes there), in the order a draft actor would have replayed the steps the
+coordinator held back from it.
 
 One step (`score_and_verify`): every rank applies the step's row changes (finished rows leave, new
 rows join with their prompts staged) and scores [Y, X_1..X_g] after each row's next prompt chunk in
@@ -204,18 +205,57 @@ class TargetShard:
         )
 
     def draft_and_verify(
-        self, draft_request: DraftRequest, block: DraftBlock | None, request: StepRequest
-    ) -> StepResult:
-        """parallel.draft_in_shard: one whole step in this process. The draft applies its last
-        verdict and the row changes and proposes (DraftWorker.step); `block` is the coordinator's
-        when the draft proposes nothing (n-gram blocks, or none: a plain step), else None. The
-        verdict stays here for the draft's next step."""
-        drafted = self.draft.step(draft_request)[0]
-        result = self.score_and_verify(drafted if block is None else block, request)
-        if block is None:
-            result.num_wire_bytes = 0  # the drafted block never left this process
-        self.draft.commit(result)
+        self, draft_request: DraftRequest | None, block: DraftBlock | None, request: StepRequest
+    ) -> StepResult | None:
+        """parallel.draft_in_shard: one whole step, the draft in rank 0's process. Rank 0's draft
+        applies its last verdict and the row changes and proposes (DraftWorker.step; draft_request is
+        None on the other ranks); `block` is the coordinator's when the draft proposes nothing
+        (n-gram blocks, or none: a plain step), else None on every rank: rank 0 then shares the
+        drafted block's ids with the group (`_share_block`). The verdict stays with the draft for
+        its next step."""
+        drafted = self.draft.step(draft_request)[0] if self.draft is not None else None
+        result = self.score_and_verify(self._share_block(drafted) if block is None else block, request)
+        if self.draft is not None:
+            if block is None:
+                result.num_wire_bytes = 0  # the drafted block never left this process
+            self.draft.commit(result)
         return result
+
+    def _share_block(self, block: DraftBlock | None) -> DraftBlock:
+        """Rank 0's drafted block (None elsewhere) on every rank: the other ranks get its ids and
+        per-row lengths, all they read (only rank 0 decodes q), in three broadcasts of ids.
+
+        Header: [ids.dim(), its shape padded to 3, whether num_drafted is sent, vocab size], long.
+        """
+        if self.world_size == 1:
+            return block
+        header = torch.zeros(6, dtype=torch.long, device=self.device)
+        if self.rank == 0:
+            shape = list(block.draft_ids.shape) + [0] * (3 - block.draft_ids.dim())
+            header[:] = torch.tensor(
+                [block.draft_ids.dim(), *shape, block.num_drafted is not None, block.vocab_size]
+            )
+        dist.broadcast(header, src=0)
+        ndim, *shape, has_num_drafted, vocab_size = header.tolist()  # host sync: the shapes to receive
+        ids = block.draft_ids.to(self.device) if self.rank == 0 else torch.empty(
+            shape[:ndim], dtype=torch.long, device=self.device
+        )
+        dist.broadcast(ids, src=0)
+        num_drafted = None
+        if has_num_drafted:
+            num_drafted = block.num_drafted.to(self.device) if self.rank == 0 else torch.empty(
+                shape[0], dtype=torch.long, device=self.device
+            )
+            dist.broadcast(num_drafted, src=0)
+        if self.rank == 0:
+            return block
+        return DraftBlock(
+            draft_ids=ids.cpu(),
+            probs_values=None,
+            probs_ids=None,
+            vocab_size=vocab_size,
+            num_drafted=None if num_drafted is None else num_drafted.cpu(),
+        )
 
     def _step_one_path(
         self, block: DraftBlock, request: StepRequest, num_draft_tokens: torch.Tensor

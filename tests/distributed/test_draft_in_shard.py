@@ -1,10 +1,11 @@
-"""parallel.draft_in_shard: the draft inside target shard 0's actor (TP = 1), against the
+"""parallel.draft_in_shard: the draft inside target shard 0's actor (TP = 1 and 2), against the
 single-process engine, token for token, on tiny random Llamas (one local Ray cluster).
 
     timeout 600 .venv/bin/python -m pytest tests/distributed/test_draft_in_shard.py -x -q
 
-A step is one Ray call (TargetShard.draft_and_verify): the draft applies its last verdict, kept in
-the actor, proposes, and the shard verifies the block in the same process. Every feature of the
+A step is one Ray call per shard (TargetShard.draft_and_verify): the draft applies its last verdict,
+kept in the actor, proposes, rank 0 broadcasts the block's ids to the other ranks, and the group
+verifies the block; q stays in rank 0's process. Every feature of the
 separate draft actor that does not need a second process runs through it: greedy and sampled
 verification, draft lengths, continuous batching with chunked prompts, goodput's probe steps and
 n-gram rows, a relaunch after the actor dies.
@@ -12,7 +13,7 @@ n-gram rows, a relaunch after the actor dies.
 
 from __future__ import annotations
 
-import time
+from dataclasses import replace
 
 import pytest
 import ray
@@ -37,21 +38,23 @@ from tests.distributed.test_runtime import (
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
-RUNTIME = ray_config(tp_size=1, num_cpus_per_shard=0.5, draft_in_shard=True, step_timeout_s=60.0)
+RUNTIME = ray_config(num_cpus_per_shard=0.5, draft_in_shard=True, step_timeout_s=60.0)
 
 
-@pytest.fixture(scope="module")
-def in_shard(ray_cluster):
-    coordinator = RayCoordinator(TARGET, DRAFT, GREEDY, RUNTIME).start()
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def in_shard(ray_cluster, request):
+    """A runtime with the draft inside shard 0, at TP = 1 and then at TP = 2."""
+    coordinator = RayCoordinator(TARGET, DRAFT, GREEDY, replace(RUNTIME, tp_size=request.param)).start()
     yield coordinator
     coordinator.close()
 
 
-def test_the_runtime_has_one_actor_and_no_draft_bundle(in_shard):
+def test_the_runtime_has_no_draft_actor_and_no_draft_bundle(in_shard):
     actors = in_shard.actors
-    assert actors.draft is None and actors.draft_in_shard and len(actors.all_actors) == 1
-    # One bundle: shard 0's 0.5 CPU; the draft reserves nothing of its own.
-    assert ray.util.placement_group_table(actors.placement_group)["bundles"] == {0: {"CPU": 0.5}}
+    assert actors.draft is None and actors.draft_in_shard and actors.all_actors == actors.shards
+    # One bundle per shard, 0.5 CPU each: the draft reserves nothing of its own.
+    bundles = ray.util.placement_group_table(actors.placement_group)["bundles"]
+    assert bundles == {rank: {"CPU": 0.5} for rank in range(in_shard.runtime.tp_size)}
 
 
 @pytest.mark.parametrize(
@@ -108,13 +111,11 @@ def test_the_autoregressive_baseline_leaves_the_draft_idle(in_shard):
 def test_a_dead_shard_takes_its_draft_and_both_come_back_with_the_output_unchanged(in_shard):
     in_shard.config = engine_replace(GREEDY, sampling=SamplingParams(temperature=1.0), seed=5)
     killed: list = []
-    killed_at: list[float] = []
 
     def kill(iteration: int) -> None:
         if iteration == 3 and not killed:
             killed.append(in_shard.actors)
             ray.kill(in_shard.actors.shards[0], no_restart=True)
-            killed_at.append(time.perf_counter())
 
     in_shard.on_iteration = kill
     try:
@@ -131,10 +132,15 @@ def test_a_dead_shard_takes_its_draft_and_both_come_back_with_the_output_unchang
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"tp_size": 2}, "parallel.draft_in_shard=true runs the draft inside the only target shard"),
         ({"overlap": True}, "parallel.overlap=true drafts the next block while the shards verify"),
+        (
+            {"tp_size": 2, "verify": "vocab_parallel"},
+            "parallel.draft_in_shard=true shares the drafted block's ids with the other shards",
+        ),
     ],
 )
 def test_settings_a_draft_inside_the_shard_cannot_run_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
         ray_config(draft_in_shard=True, **changes)
+    # At TP = 1 there are no other shards to share q with: vocab_parallel is the plain verifier there.
+    ray_config(draft_in_shard=True, verify="vocab_parallel")
