@@ -24,9 +24,14 @@ catches it up makes no call 1: the coordinator holds that step's request and ver
 the held steps with the draft's next `step` (its `held`), which replays them in order first, as
 their own calls would have (the draft is idle in such steps and owes nothing until it drafts).
 With parallel.draft_in_shard there is no draft actor: 1 and 2 are one call per shard,
-`draft_and_verify(DraftRequest to rank 0 only, block, StepRequest)`; rank 0's draft keeps its
-verdicts in the process and rank 0 broadcasts the drafted ids to the other ranks; no step is held
-back.
+`draft_and_verify(DraftRequest to rank 0 only, block, StepRequest, held)`; rank 0's draft keeps its
+verdicts in the process and rank 0 broadcasts the drafted ids to the other ranks. Steps without the
+draft model are held back there too (every one: a catch-up cannot run beside the shard's forward,
+so it waits for the next drafting step, which times it as the draft's debt), and rank 0 gets them
+with the next DraftRequest it is sent. Without the hold a plain step ran the draft's row changes,
+and any catch-up, in series before the target's forward (Ray, B = 32: goodput 0.92x
+autoregressive). At most MAX_HELD_DRAFT_STEPS steps are held (a job that decodes plainly for hours
+holds no more): the next step then goes to the draft, which replays them.
 With parallel.overlap the draft also runs `propose_ahead` after 1, i.e. while the shards work.
 With verifier.num_paths = K > 1 the same three calls carry K paths per row: the draft's block is
 [B, K, g] (its side stays forked to B*K rows until the verdict), the shards fork, score and keep
@@ -93,6 +98,10 @@ class StepTimeout(TimeoutError):
 
 # What a dead or hung actor looks like from the coordinator (RayTaskError, an exception raised by
 # the actor's own code, is not among them: it is the step's error, not the machine's).
+# Steps held back from the draft at most (module docstring): bounds what the coordinator keeps and
+# what one replay costs, in a job that decodes plainly for hours.
+MAX_HELD_DRAFT_STEPS = 64
+
 FAULT_ERRORS = (
     ray.exceptions.RayActorError,
     ray.exceptions.ObjectLostError,
@@ -376,12 +385,21 @@ class RayCoordinator:
                 sampling=plan.sampling,
                 ngram_ids=plan.ngram_ids,
                 from_ngram=plan.from_ngram,
-                catch_up=plan.next_g_guess > 0,
+                # Inside the shard a catch-up before the next drafting step cannot run beside the
+                # target's forward: it waits for that step, which times it apart (the draft's debt).
+                catch_up=plan.next_g_guess > 0 and not in_shard,
                 num_paths=plan.num_paths,
                 draft_rows=plan.draft_rows,
             )
-        # A step the draft sits out is held back and replayed before its next step (module docstring).
-        hold = draft is not None and model_g == 0 and not draft_request.catch_up
+        # A step the draft sits out is held back and replayed before its next step (module docstring),
+        # also inside the shard: the row changes of g = 0 steps then run in one replay, not each step
+        # in series before the target's forward. At most MAX_HELD_DRAFT_STEPS of them wait.
+        hold = (
+            (draft is not None or in_shard)
+            and model_g == 0
+            and not draft_request.catch_up
+            and len(self._held_draft_steps) < MAX_HELD_DRAFT_STEPS
+        )
         if draft is not None and not hold:
             blocks = draft.step.options(num_returns=num_block_outputs(self._wire)).remote(
                 draft_request, self._draft_verdict, self._held_draft_steps
@@ -392,14 +410,20 @@ class RayCoordinator:
         if in_shard:
             # parallel.draft_in_shard: the whole step is one call per shard (TargetShard.draft_and_verify);
             # a drafted block reaches the other ranks from rank 0, inside the group.
+            # A held step reaches rank 0 without its DraftRequest; the next step it gets one carries the
+            # held steps along.
+            to_draft = not hold
             result_refs = [
                 shard.draft_and_verify.remote(
-                    draft_request if rank == 0 else None,
+                    draft_request if rank == 0 and to_draft else None,
                     shard_block(blocks, rank, self._wire) if model_g == 0 else None,
                     request,
+                    self._held_draft_steps if rank == 0 and to_draft else (),
                 )
                 for rank, shard in enumerate(actors.shards)
             ]
+            if to_draft:
+                self._held_draft_steps = []
         else:
             result_refs = [
                 shard.score_and_verify.remote(shard_block(blocks, rank, self._wire), request)

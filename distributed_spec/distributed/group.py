@@ -146,10 +146,11 @@ def launch(
             for slot in plan.shards
         ]
         draft = None
-        draft_in_shard = engine.verifier.uses_draft_model and plan.draft_in_shard
-        if engine.verifier.uses_draft_model:
+        uses_draft = engine.verifier.uses_draft_model
+        draft_in_shard = uses_draft and plan.draft_in_shard
+        if uses_draft:
             draft_factory = factory_on_device(draft_factory, plan.draft_device)
-        if engine.verifier.uses_draft_model and not draft_in_shard:
+        if uses_draft and not draft_in_shard:
             slot = plan.draft
             draft = (
                 ray.remote(DraftWorker)
@@ -174,7 +175,7 @@ def launch(
         # Segments of groups killed without a teardown would pile up in /dev/shm (RAM) run after run.
         remove_shm_segments(actors.shard_node_ids, None)
         fetch_on_nodes([target_factory], actors.shard_node_ids)
-        if draft is not None or draft_in_shard:
+        if uses_draft:
             fetch_on_nodes([draft_factory], node_ids[len(shards) :] or actors.shard_node_ids[:1])
         placements = shard_placements(actors.shard_node_ids)
         load_refs = [
@@ -189,7 +190,7 @@ def launch(
             )
             for shard, placement in zip(shards, placements)
         ]
-        if draft is not None or draft_in_shard:
+        if uses_draft:
             # Shard 0 runs its calls in order: its target loads first, then the draft beside it.
             load = draft.load if draft is not None else shards[0].load_draft
             load_refs.append(load.remote(draft_factory, plan.draft_device, engine.scheduling.compact_fraction, draft_seed))
@@ -200,7 +201,7 @@ def launch(
         ]
         # What the actors built, checked as one pair (models/pair.py): vocabulary, context.
         target_facts = loaded[0]["facts"]
-        draft_facts = loaded[-1]["facts"] if draft is not None or draft_in_shard else None
+        draft_facts = loaded[-1]["facts"] if uses_draft else None
         actors.vocab_size = int(target_facts.vocab_size)
         actors.max_context = check_pair(target_facts, draft_facts, max_context_len)
         logger.info(

@@ -15,9 +15,8 @@ With parallel.draft_in_shard the draft lives in rank 0's actor too (`load_draft`
 the same object the draft actor wraps), and a step is one call per rank, `draft_and_verify`: the
 draft applies its last verdict, which it kept here, and the row changes, proposes the block, rank 0
 broadcasts the block's ids to the other ranks (tp_size > 1), and the group scores and verifies it;
-q never leaves rank 0's process. Every step goes through the draft (a step without a draft only
-applies the row changes there), in the order a draft actor would have replayed the steps the
-coordinator held back from it.
+q never leaves rank 0's process. Steps without the draft model reach the draft as they reach a
+draft actor: held back by the coordinator and replayed, in order, before the draft's next step.
 
 One step (`score_and_verify`): every rank applies the step's row changes (finished rows leave, new
 rows join with their prompts staged) and scores [Y, X_1..X_g] after each row's next prompt chunk in
@@ -44,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -205,17 +204,23 @@ class TargetShard:
         )
 
     def draft_and_verify(
-        self, draft_request: DraftRequest | None, block: DraftBlock | None, request: StepRequest
+        self,
+        draft_request: DraftRequest | None,
+        block: DraftBlock | None,
+        request: StepRequest,
+        held: Sequence[tuple[DraftRequest, StepResult]] = (),
     ) -> StepResult | None:
         """parallel.draft_in_shard: one whole step, the draft in rank 0's process. Rank 0's draft
-        applies its last verdict and the row changes and proposes (DraftWorker.step; draft_request is
-        None on the other ranks); `block` is the coordinator's when the draft proposes nothing
-        (n-gram blocks, or none: a plain step), else None on every rank: rank 0 then shares the
-        drafted block's ids with the group (`_share_block`). The verdict stays with the draft for
-        its next step."""
-        drafted = self.draft.step(draft_request)[0] if self.draft is not None else None
+        replays the held steps, applies its last verdict and the row changes and proposes
+        (DraftWorker.step). draft_request is None on the other ranks, and on rank 0 in a step the
+        coordinator holds back from the draft (a step without the draft model: it reaches the draft
+        later, in `held`). `block` is the coordinator's when the draft proposes nothing (n-gram
+        blocks, or none: a plain step), else None on every rank: rank 0 then shares the drafted
+        block's ids with the group (`_share_block`). The verdict stays with the draft for its next
+        step."""
+        drafted = self.draft.step(draft_request, None, held)[0] if draft_request is not None else None
         result = self.score_and_verify(self._share_block(drafted) if block is None else block, request)
-        if self.draft is not None:
+        if draft_request is not None:
             if block is None:
                 result.num_wire_bytes = 0  # the drafted block never left this process
             self.draft.commit(result)

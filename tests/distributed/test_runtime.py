@@ -20,6 +20,7 @@ from ray.util.placement_group import placement_group_table
 
 from distributed_spec.config import ConfigError
 from distributed_spec.distributed import GroupFailure, RayCoordinator
+from distributed_spec.distributed import coordinator as coordinator_module
 from distributed_spec.distributed.factories import TinyLlamaFactory
 from distributed_spec.engine import EngineConfig, SpeculativeEngine
 from distributed_spec.engine.config import SamplingConfig, VerifierConfig
@@ -194,12 +195,37 @@ def assert_goodput_probe_rows_replay_the_engine(coordinator, scripted_goodput, p
     return stats
 
 
+def assert_held_steps_are_capped_and_replayed(coordinator, scripted_goodput, monkeypatch) -> None:
+    """Runs of plain steps longer than MAX_HELD_DRAFT_STEPS (2 here): the coordinator never holds
+    more; the step past the cap goes to the draft, which replays the held ones; sampled output equal
+    to the engine's."""
+    monkeypatch.setattr(coordinator_module, "MAX_HELD_DRAFT_STEPS", 2)
+    scripted_goodput([(0, False)] * 7 + [(2, False)] * 2 + [(0, False)] * 5 + [(1, False)] * 200)
+    coordinator.config = engine_replace(
+        SAMPLED_REPEATS, draft_len_schedule="goodput", max_draft_len=3, max_batch_size=4
+    )
+    num_held: list[int] = []
+    coordinator.on_iteration = lambda iteration: num_held.append(len(coordinator._held_draft_steps))
+    try:
+        results = coordinator.generate(REPEATING_PROMPTS)
+    finally:
+        coordinator.on_iteration = None
+    reference, _ = engine_results(coordinator.config, REPEATING_PROMPTS)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert max(num_held) == 2 and num_held[:3] == [1, 2, 0]
+
+
 @pytest.mark.parametrize("proposer", ["model", "model+ngram"])
 def test_goodput_probe_rows_replay_the_engine_exactly(tp2, scripted_goodput, proposer):
     tp2.runtime = RUNTIME
     assert_goodput_probe_rows_replay_the_engine(tp2, scripted_goodput, proposer)
     # The g = 0 steps reached the draft actor later, in one replay call each run of them.
     assert tp2.timings.num_draft_steps_held >= 4
+
+
+def test_held_steps_are_capped_and_replayed(tp2, scripted_goodput, monkeypatch):
+    tp2.runtime = RUNTIME
+    assert_held_steps_are_capped_and_replayed(tp2, scripted_goodput, monkeypatch)
 
 
 @pytest.mark.parametrize(
