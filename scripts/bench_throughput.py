@@ -18,9 +18,10 @@ fell on it alone, see `turn_order`): autoregressive (the target alone), constant
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
 max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
---static-batch-sizes. Runtimes: local (the single-process engine), Ray at TP = 1 and 2 (ray1,
-ray2; over --ray-batch-sizes), and on request ray1-in-shard / ray2-in-shard (the draft inside shard 0,
-parallel.draft_in_shard). Ratios are tokens/s over autoregressive, mean over seeds.
+--static-batch-sizes. Runtimes: local (the single-process engine), Ray at TP = 1 and 2 as the job
+runs it by default (ray1: the draft inside shard 0; ray2: a draft actor; over --ray-batch-sizes), and
+on request with the draft placed explicitly (parallel.draft_in_shard): ray1-in-shard / ray2-in-shard,
+ray1-draft-actor / ray2-draft-actor. Ratios are tokens/s over autoregressive, mean over seeds.
 The goodput table shows, per cell, autoregressive's fastest seed over its slowest: at T = 0 the
 seeds do identical work, so that spread is the host's own run-to-run noise, the yardstick for
 goodput / best. Beside goodput / best it prints a 90% interval on it, paired by seed (Student's t

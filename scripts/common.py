@@ -216,9 +216,11 @@ def run_grid_and_report(args, run_grid: Callable, write_results: Callable) -> No
 
 
 
-# The runtimes a benchmark runs the job in: the single-process engine; Ray at TP = 1 and 2 (a draft
-# actor beside the shards); the same with the draft inside shard 0 (parallel.draft_in_shard).
-RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard", "ray2-in-shard")
+# The runtimes a benchmark runs the job in: the single-process engine; Ray at TP = 1 and 2 as the job
+# runs it by default (parallel.draft_in_shard=auto: inside shard 0 at TP = 1, a draft actor at 2);
+# and each with the draft placed explicitly: inside shard 0, or in an actor of its own.
+RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard", "ray2-in-shard", "ray1-draft-actor", "ray2-draft-actor")
+DRAFT_PLACEMENTS = {"": [], "in-shard": ["parallel.draft_in_shard=true"], "draft-actor": ["parallel.draft_in_shard=false"]}
 
 
 def runtime_overrides(runtime: str) -> list[str]:
@@ -226,7 +228,7 @@ def runtime_overrides(runtime: str) -> list[str]:
     if runtime == "local":
         return []
     tp_size, _, variant = runtime.removeprefix("ray").partition("-")
-    return ["parallel=ray", f"parallel.tp_size={tp_size}"] + (["parallel.draft_in_shard=true"] if variant else [])
+    return ["parallel=ray", f"parallel.tp_size={tp_size}"] + DRAFT_PLACEMENTS[variant]
 
 
 def base_job(args, runtime: str, input_path: Path):

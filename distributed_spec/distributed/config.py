@@ -64,9 +64,11 @@ class ParallelConfig:
     # Run the draft inside target shard 0's actor instead of an actor of its own: a step is then one
     # Ray call per shard, and q never leaves rank 0's process (the other ranks get the block's ids
     # by broadcast inside the group). The draft runs between the shard's forwards on the shard's
-    # threads and device and reserves nothing of its own (num_cpus_draft / num_gpus_draft are not
-    # read). Not with parallel.overlap, nor with verify=vocab_parallel at tp_size > 1.
-    draft_in_shard: bool = False
+    # device; its CPUs (num_cpus_draft) join shard 0's bundle and threads, num_gpus_draft is not
+    # read. Not with parallel.overlap, nor with verify=vocab_parallel at tp_size > 1. `auto`: inside
+    # at tp_size 1 without overlap (where it was measured to pay: docs/RESULTS.md, "The draft inside
+    # the shard"), an actor of its own otherwise; settled by `resolve`.
+    draft_in_shard: bool | str = "auto"
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
     num_cpus_per_shard: float = 1.0
     # Logical CPUs reserved for the draft.
@@ -142,6 +144,10 @@ class ParallelConfig:
             f"parallel.num_replicas={self.num_replicas} needs parallel=ray (replicas are Ray actors)",
         )
         require(
+            self.draft_in_shard in (True, False, "auto"),
+            f"parallel.draft_in_shard must be true, false or auto, got {self.draft_in_shard!r}",
+        )
+        require(
             self.draft_device in DRAFT_DEVICES,
             f"parallel.draft_device must be one of {DRAFT_DEVICES}, got {self.draft_device!r}",
         )
@@ -150,7 +156,7 @@ class ParallelConfig:
         require(
             not (
                 self.runtime == "ray" and gpu and self.draft_device == "auto" and self.num_gpus_draft <= 0
-                and not self.draft_in_shard
+                and not self.draft_runs_in_shard
             ),
             f"parallel.num_gpus_draft={self.num_gpus_draft} leaves the draft without a GPU on parallel.device=cuda; "
             "set parallel.num_gpus_draft to a fraction (e.g. 0.1: it shares shard 0's GPU) or parallel.draft_device=cpu",
@@ -181,13 +187,13 @@ class ParallelConfig:
             "parallel.step_timeout_s and parallel.load_timeout_s must be > 0",
         )
         require(
-            not (self.draft_in_shard and self.verify == "vocab_parallel" and self.tp_size > 1),
+            not (self.draft_in_shard is True and self.verify == "vocab_parallel" and self.tp_size > 1),
             "parallel.draft_in_shard=true shares the drafted block's ids with the other shards, not "
             "their slices of q that parallel.verify=vocab_parallel needs; set parallel.verify=gather "
             "or parallel.draft_in_shard=false",
         )
         require(
-            not (self.draft_in_shard and self.overlap),
+            not (self.draft_in_shard is True and self.overlap),
             "parallel.overlap=true drafts the next block while the shards verify, which a draft inside "
             "the shard's own process cannot do; set parallel.overlap=false or parallel.draft_in_shard=false",
         )
@@ -219,7 +225,16 @@ class ParallelConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return self.device != "auto" and self.backend != "auto"
+        return self.device != "auto" and self.backend != "auto" and self.draft_in_shard != "auto"
+
+    @property
+    def draft_runs_in_shard(self) -> bool:
+        """draft_in_shard with `auto` settled: inside shard 0 at tp_size 1 without overlap. At
+        tp_size 2 on gloo it measured nothing either way, and the draft actor is the tested default
+        there (docs/RESULTS.md)."""
+        if self.draft_in_shard == "auto":
+            return self.tp_size == 1 and not self.overlap
+        return bool(self.draft_in_shard)
 
     def resolve(self, nodes: list[dict[str, float]] | None = None) -> ParallelConfig:
         """A copy with device in {cpu, cuda} and backend in {gloo, nccl} (itself when already so).
@@ -231,6 +246,8 @@ class ParallelConfig:
         """
         if self.is_resolved:
             return self
+        if self.device != "auto" and self.backend != "auto":
+            return dataclasses.replace(self, draft_in_shard=self.draft_runs_in_shard)
         device = self.device
         if device == "auto":
             if nodes is None and self.runtime == "ray" and self.ray_address is not None:
@@ -247,7 +264,7 @@ class ParallelConfig:
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
         backend = self.backend if self.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-        return dataclasses.replace(self, device=device, backend=backend)
+        return dataclasses.replace(self, device=device, backend=backend, draft_in_shard=self.draft_runs_in_shard)
 
     # ---- derived (on a resolved config) ---------------------------------------------------------
 
@@ -265,7 +282,7 @@ class ParallelConfig:
     def draft_shares_gpu(self) -> bool:
         """Whether the draft actor shares shard 0's GPU (a fractional num_gpus_draft on cuda; a draft
         inside shard 0 has no actor: it uses the shard's GPU, see draft_in_shard)."""
-        return self.draft_on_gpu and self.num_gpus_draft < 1 and not self.draft_in_shard
+        return self.draft_on_gpu and self.num_gpus_draft < 1 and not self.draft_runs_in_shard
 
     @property
     def resolved_draft_device(self) -> str:

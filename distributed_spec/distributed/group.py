@@ -142,7 +142,7 @@ def launch(
                 num_cpus=slot.num_cpus,
                 num_gpus=slot.num_gpus,
                 scheduling_strategy=bundle_strategy(group, slot.bundle),
-            ).remote(num_threads=max(1, round(config.num_cpus_per_shard)))
+            ).remote(num_threads=max(1, round(slot.num_cpus)))
             for slot in plan.shards
         ]
         draft = None

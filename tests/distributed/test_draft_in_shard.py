@@ -39,7 +39,7 @@ from tests.distributed.test_runtime import (
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
-RUNTIME = ray_config(num_cpus_per_shard=0.5, draft_in_shard=True, step_timeout_s=60.0)
+RUNTIME = ray_config(num_cpus_per_shard=0.5, num_cpus_draft=0.5, draft_in_shard=True, step_timeout_s=60.0)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
@@ -53,9 +53,9 @@ def in_shard(ray_cluster, request):
 def test_the_runtime_has_no_draft_actor_and_no_draft_bundle(in_shard):
     actors = in_shard.actors
     assert actors.draft is None and actors.draft_in_shard and actors.all_actors == actors.shards
-    # One bundle per shard, 0.5 CPU each: the draft reserves nothing of its own.
+    # One bundle per shard, 0.5 CPU each, and shard 0's holds the draft's 0.5 CPU too.
     bundles = ray.util.placement_group_table(actors.placement_group)["bundles"]
-    assert bundles == {rank: {"CPU": 0.5} for rank in range(in_shard.runtime.tp_size)}
+    assert bundles == {rank: {"CPU": 1.0 if rank == 0 else 0.5} for rank in range(in_shard.runtime.tp_size)}
 
 
 @pytest.mark.parametrize(

@@ -71,15 +71,16 @@ def test_whole_gpus_for_the_draft_need_a_bundle_and_a_gpu_of_its_own():
     assert check_fits(config, plan, [node(8), node(8)]) is not None  # PACK over two nodes
 
 
-def test_a_draft_inside_shard_zero_takes_no_bundle_and_no_resources():
-    config = ray_config(tp_size=1, draft_in_shard=True, **CUDA)
+def test_a_draft_inside_shard_zero_takes_no_bundle_and_its_cpus_go_to_the_shard():
+    config = ray_config(tp_size=1, draft_in_shard=True, num_cpus_draft=1.5, **CUDA)
     plan = plan_placement(config)
-    # The shard's bundle only, as the autoregressive baseline reserves: the draft runs on its GPU.
-    assert plan.bundles == [{"CPU": 1.0, "GPU": 1.0}]
+    # The shard's bundle only: the draft runs on its GPU, on its CPUs and the draft's (threads too).
+    assert plan.bundles == [{"CPU": 2.5, "GPU": 1.0}]
+    assert plan.shards[0].num_cpus == 2.5 and plan.shards[0].num_gpus == 1.0
     assert plan.draft_in_shard and plan.draft == plan.shards[0] and plan.draft_device == "cuda"
     assert not config.draft_shares_gpu
     text = format_plan(config, plan, [node(1)], check_fits(config, plan, [node(1)]))
-    assert "shard 0 (1 GPU, 1 CPU) with the draft inside it" in text and "draft (" not in text
+    assert "shard 0 (1 GPU, 2.5 CPU) with the draft inside it" in text and "draft (" not in text
     with pytest.raises(PlacementError, match=r"needs 1 GPUs \(1 shards \(the draft inside shard 0\)\)"):
         check_fits(config, plan, [node(0)])
     # num_gpus_draft is not read: no actor of its own to leave without a GPU.
@@ -137,7 +138,7 @@ def test_resolve_settles_device_and_backend_once():
         assert (resolved.device, resolved.backend) == here and resolved.is_resolved
         assert resolved.resolve() is resolved
     # Explicit values are kept; backend auto follows the device.
-    explicit = ray_config(device="cuda", backend="gloo", tp_size=2)
+    explicit = ray_config(device="cuda", backend="gloo", tp_size=2, draft_in_shard=False)
     assert explicit.resolve() is explicit
     assert ParallelConfig(runtime="ray", device="cuda").resolve().backend == "nccl"
     assert ParallelConfig(runtime="ray", device="cpu").resolve().backend == "gloo"
@@ -252,3 +253,27 @@ def test_files_are_fetched_before_loading_and_outside_the_load_timeout(gpu_clust
         assert actors.vocab_size == 64 and actors.shard_memory[0]["parameter_bytes"] > 0
     finally:
         teardown(actors)
+
+
+@pytest.mark.parametrize(
+    ("changes", "inside"),
+    [
+        ({"tp_size": 1}, True),
+        ({"tp_size": 2}, False),
+        ({"tp_size": 1, "overlap": True}, False),
+        ({"tp_size": 4, "verify": "vocab_parallel"}, False),
+    ],
+)
+def test_draft_in_shard_auto_puts_the_draft_inside_at_tp_size_one_without_overlap(changes, inside):
+    config = ParallelConfig(runtime="ray", draft_in_shard="auto", **changes)
+    assert not config.is_resolved
+    resolved = config.resolve([{"CPU": 8.0}])
+    assert resolved.draft_in_shard is inside and resolved.is_resolved and resolved.device == "cpu"
+    assert plan_placement(resolved).draft_in_shard is inside
+    # A config already on a device settles auto alone.
+    assert ray_config(draft_in_shard="auto", **changes).resolve().draft_in_shard is inside
+
+
+def test_draft_in_shard_takes_true_false_or_auto_only():
+    with pytest.raises(ConfigError, match="parallel.draft_in_shard must be true, false or auto"):
+        ray_config(draft_in_shard="yes")
