@@ -5,8 +5,8 @@ draft, unless it runs on the CPU (parallel.draft_device=cpu) or asks for whole G
 (parallel.num_gpus_draft >= 1), shares shard 0's GPU: it sits in shard 0's bundle with a fraction
 num_gpus_draft of the GPU, shard 0 takes the rest. So tp_size shards and the draft fit on tp_size
 GPUs, e.g. a 70B target over the 8 GPUs of one node with its 1B draft beside shard 0. With
-parallel.draft_in_shard the draft has no actor and no bundle: it runs inside shard 0's, which takes
-its CPUs (num_cpus_draft) as well.
+parallel.draft_in_shard the draft has no actor and no bundle: it runs inside shard 0's, which at
+tp_size 1 takes its CPUs (num_cpus_draft) as well.
 
 Shards are packed on one node where possible (STRICT_PACK), so the CPU all-reduce can use shared
 memory and NCCL can use NVLink; when no single node can hold them the group falls back to PACK.
@@ -62,9 +62,14 @@ def plan_placement(config: ParallelConfig) -> RuntimePlacement:
     bundles = [dict(shard) for _ in range(config.tp_size)]
     shards = [ActorSlot(rank, config.num_cpus_per_shard, shard.get("GPU", 0.0)) for rank in range(config.tp_size)]
     if config.draft_runs_in_shard:
-        # Shard 0's actor runs the draft too: it takes the draft's CPUs (and threads, group.launch).
-        bundles[0]["CPU"] += config.num_cpus_draft
-        shards[0] = ActorSlot(0, config.num_cpus_per_shard + config.num_cpus_draft, shards[0].num_gpus)
+        if config.tp_size == 1:
+            # The one shard runs the draft too: it takes the draft's CPUs (and threads, group.launch).
+            # Not at tp_size > 1: the ranks meet at every layer's all-reduce, and rank 0 with more
+            # threads than its peers on shared cores stalls the group (ray2-in-shard, B = 1, rank 0
+            # on 2 threads and rank 1 on 1 over 2 cores: no 64-record run done in 6 min, against
+            # ~55 s on 1 thread each; docs/RESULTS.md).
+            bundles[0]["CPU"] += config.num_cpus_draft
+            shards[0] = ActorSlot(0, config.num_cpus_per_shard + config.num_cpus_draft, shards[0].num_gpus)
         return RuntimePlacement(bundles, shards, shards[0], config.resolved_draft_device, draft_in_shard=True)
     if config.draft_shares_gpu:
         bundles[0]["CPU"] += config.num_cpus_draft

@@ -53,9 +53,11 @@ def in_shard(ray_cluster, request):
 def test_the_runtime_has_no_draft_actor_and_no_draft_bundle(in_shard):
     actors = in_shard.actors
     assert actors.draft is None and actors.draft_in_shard and actors.all_actors == actors.shards
-    # One bundle per shard, 0.5 CPU each, and shard 0's holds the draft's 0.5 CPU too.
+    # One bundle per shard, 0.5 CPU each; at TP = 1 the shard's holds the draft's 0.5 CPU too (at
+    # TP = 2 the ranks keep equal CPUs and threads: they meet at every all-reduce).
+    tp_size = in_shard.runtime.tp_size
     bundles = ray.util.placement_group_table(actors.placement_group)["bundles"]
-    assert bundles == {rank: {"CPU": 1.0 if rank == 0 else 0.5} for rank in range(in_shard.runtime.tp_size)}
+    assert bundles == {rank: {"CPU": 1.0 if tp_size == 1 else 0.5} for rank in range(tp_size)}
 
 
 @pytest.mark.parametrize(

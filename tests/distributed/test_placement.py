@@ -81,6 +81,9 @@ def test_a_draft_inside_shard_zero_takes_no_bundle_and_its_cpus_go_to_the_shard(
     assert not config.draft_shares_gpu
     text = format_plan(config, plan, [node(1)], check_fits(config, plan, [node(1)]))
     assert "shard 0 (1 GPU, 2.5 CPU) with the draft inside it" in text and "draft (" not in text
+    # At tp_size > 1 the ranks keep equal CPUs (and threads): they meet at every all-reduce.
+    wide = plan_placement(replace(config, tp_size=2))
+    assert wide.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 and wide.shards[0].num_cpus == 1.0
     with pytest.raises(PlacementError, match=r"needs 1 GPUs \(1 shards \(the draft inside shard 0\)\)"):
         check_fits(config, plan, [node(0)])
     # num_gpus_draft is not read: no actor of its own to leave without a GPU.
