@@ -65,9 +65,10 @@ class ParallelConfig:
     # Ray call per shard, and q never leaves rank 0's process (the other ranks get the block's ids
     # by broadcast inside the group). The draft runs between the shard's forwards on the shard's
     # device; at tp_size 1 its CPUs (num_cpus_draft) join the shard's bundle and threads;
-    # num_gpus_draft is not read. Not with parallel.overlap, nor with verify=vocab_parallel at tp_size > 1. `auto`: inside
-    # at tp_size 1 without overlap (where it was measured to pay: docs/RESULTS.md, "The draft inside
-    # the shard"), an actor of its own otherwise; settled by `resolve`.
+    # num_gpus_draft is not read. Not with parallel.overlap, nor with verify=vocab_parallel at
+    # tp_size > 1. `auto`: inside at tp_size 1 without overlap (where it was measured to pay:
+    # docs/RESULTS.md, "The draft inside the shard"), an actor of its own otherwise; settled by
+    # `resolve`.
     draft_in_shard: bool | str = "auto"
     # Logical CPUs reserved per shard bundle (fractions are fine; Ray does not pin cores).
     num_cpus_per_shard: float = 1.0

@@ -96,12 +96,12 @@ class StepTimeout(TimeoutError):
     """No answer within parallel.step_timeout_s (or load_timeout_s): the group is taken as hung."""
 
 
-# What a dead or hung actor looks like from the coordinator (RayTaskError, an exception raised by
-# the actor's own code, is not among them: it is the step's error, not the machine's).
 # Steps held back from the draft at most (module docstring): bounds what the coordinator keeps and
 # what one replay costs, in a job that decodes plainly for hours.
 MAX_HELD_DRAFT_STEPS = 64
 
+# What a dead or hung actor looks like from the coordinator (RayTaskError, an exception raised by
+# the actor's own code, is not among them: it is the step's error, not the machine's).
 FAULT_ERRORS = (
     ray.exceptions.RayActorError,
     ray.exceptions.ObjectLostError,
