@@ -243,12 +243,11 @@ class ParallelConfig:
         device=auto: cuda when `nodes` (a Ray cluster's CPU/GPU totals) have GPUs; without `nodes`,
         runtime=ray with a ray_address asks that cluster (joining it: the driver of a job submitted to
         a GPU cluster may have no GPU), anything else this machine. backend=auto: nccl on cuda, gloo
-        on cpu. The copy is checked again (e.g. backend=nccl where auto became cpu).
+        on cpu. draft_in_shard=auto becomes `draft_runs_in_shard`. The copy is checked again (e.g.
+        backend=nccl where auto became cpu).
         """
         if self.is_resolved:
             return self
-        if self.device != "auto" and self.backend != "auto":
-            return dataclasses.replace(self, draft_in_shard=self.draft_runs_in_shard)
         device = self.device
         if device == "auto":
             if nodes is None and self.runtime == "ray" and self.ray_address is not None:

@@ -412,17 +412,16 @@ class RayCoordinator:
             # a drafted block reaches the other ranks from rank 0, inside the group.
             # A held step reaches rank 0 without its DraftRequest; the next step it gets one carries the
             # held steps along.
-            to_draft = not hold
             result_refs = [
                 shard.draft_and_verify.remote(
-                    draft_request if rank == 0 and to_draft else None,
+                    draft_request if rank == 0 and not hold else None,
                     shard_block(blocks, rank, self._wire) if model_g == 0 else None,
                     request,
-                    self._held_draft_steps if rank == 0 and to_draft else (),
+                    self._held_draft_steps if rank == 0 and not hold else (),
                 )
                 for rank, shard in enumerate(actors.shards)
             ]
-            if to_draft:
+            if not hold:
                 self._held_draft_steps = []
         else:
             result_refs = [
