@@ -168,14 +168,15 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
         # Loaded once: with the draft model whenever some policy uses it.
         loading = next((policy for policy in all_policies if policy.verifier().uses_draft_model), all_policies[-1])
         generator = build_generator(replace(job, verifier=loading.verifier()))
-        batch_sizes = args.batch_sizes if runtime == "local" else args.ray_batch_sizes
-        runtime_policies = all_policies if runtime == "local" else [p for p in all_policies if not p.confidence]
+        local = runtime.startswith("local")
+        batch_sizes = args.batch_sizes if local else args.ray_batch_sizes
+        runtime_policies = all_policies if local else [p for p in all_policies if not p.confidence]
         try:
             for temperature in args.temperatures:
                 for batch_size in batch_sizes:
                     for seed_index, seed in enumerate(args.seeds):
                         cases = [(policy, "continuous") for policy in runtime_policies]
-                        if runtime == "local" and batch_size in args.static_batch_sizes:
+                        if local and batch_size in args.static_batch_sizes:
                             cases += [
                                 (policy, "static") for policy in runtime_policies if policy.name in args.static_policies
                             ]

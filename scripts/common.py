@@ -218,17 +218,27 @@ def run_grid_and_report(args, run_grid: Callable, write_results: Callable) -> No
 
 # The runtimes a benchmark runs the job in: the single-process engine; Ray at TP = 1 and 2 as the job
 # runs it by default (parallel.draft_in_shard=auto: inside shard 0 at TP = 1, a draft actor at 2);
-# and each with the draft placed explicitly: inside shard 0, or in an actor of its own.
-RUNTIMES = ("local", "ray1", "ray2", "ray1-in-shard", "ray2-in-shard", "ray1-draft-actor", "ray2-draft-actor")
-DRAFT_PLACEMENTS = {"": [], "in-shard": ["parallel.draft_in_shard=true"], "draft-actor": ["parallel.draft_in_shard=false"]}
+# and each with one variant: the draft placed explicitly (inside shard 0, or in an actor of its own),
+# or bf16 linears packed once for oneDNN (model.cpu_prepack).
+RUNTIME_VARIANTS = {
+    "": [],
+    "in-shard": ["parallel.draft_in_shard=true"],
+    "draft-actor": ["parallel.draft_in_shard=false"],
+    "packed": ["model.cpu_prepack=true"],
+}
+RUNTIMES = tuple(
+    f"{base}-{variant}" if variant else base
+    for base in ("local", "ray1", "ray2")
+    for variant in RUNTIME_VARIANTS
+    if base != "local" or variant in ("", "packed")
+)
 
 
 def runtime_overrides(runtime: str) -> list[str]:
     """The job's overrides for one of RUNTIMES."""
-    if runtime == "local":
-        return []
-    tp_size, _, variant = runtime.removeprefix("ray").partition("-")
-    return ["parallel=ray", f"parallel.tp_size={tp_size}"] + DRAFT_PLACEMENTS[variant]
+    base, _, variant = runtime.partition("-")
+    overrides = [] if base == "local" else ["parallel=ray", f"parallel.tp_size={base.removeprefix('ray')}"]
+    return overrides + RUNTIME_VARIANTS[variant]
 
 
 def base_job(args, runtime: str, input_path: Path):

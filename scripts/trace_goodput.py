@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-draft-len", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
-        "--runtime", default="local", choices=RUNTIMES, help="ray<N>: Ray at TP = N as the job runs it; -in-shard / -draft-actor: the draft placed so"
+        "--runtime", default="local", choices=RUNTIMES, help="ray<N>: Ray at TP = N as the job runs it; -in-shard / -draft-actor: the draft placed so; -packed: model.cpu_prepack"
     )
     parser.add_argument("--idle-draft", action="store_true", help="also run goodput held at g = 0")
     parser.add_argument("--repeats", type=int, default=1)

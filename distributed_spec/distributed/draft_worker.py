@@ -39,6 +39,7 @@ from distributed_spec.engine.proposers import overlay_rows, pad_columns, point_m
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import DraftSide
 from distributed_spec.engine.steps import propose
+from distributed_spec.models.cpu_linear import pack_cpu_linears
 from distributed_spec.models.pair import ModelFacts
 from distributed_spec.verify import RowSampling, logits_to_probs, sample_from_probs
 
@@ -128,14 +129,16 @@ class DraftWorker:
         compact_fraction: float,
         seed: int,
     ) -> dict[str, ModelFacts]:
-        """Build the draft on this actor's device. Returns its facts (vocabulary size, context length)."""
+        """Build the draft on this actor's device. Returns its facts (vocabulary size, context length) and
+        how many linears model.cpu_prepack packed."""
         self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
         model = model_factory().to(self.device)
+        num_packed = pack_cpu_linears(model) if getattr(model_factory, "cpu_prepack", False) else 0
         self.runner = ModelRunner(model, compact_fraction)
         self.side = DraftSide(self.runner)
         # Uniforms of blocks drafted ahead (the coordinator cannot know their rows in advance).
         self.generator = torch.Generator().manual_seed(seed)
-        return {"facts": ModelFacts.of_model(model)}
+        return {"facts": ModelFacts.of_model(model), "packed_linears": num_packed}
 
     def begin(self, settings: DecodeSettings) -> None:
         """Start a run with an empty batch."""

@@ -59,11 +59,19 @@ class SpecFactory:
     device: str = "cpu"
     dtype: str = "auto"
     trust_remote_code: bool = False
+    # model.cpu_prepack: the actor packs the built model's bf16 CPU linears (models/cpu_linear.py).
+    # Not here in __call__: a target shard packs after AutoTP has cut its layers.
+    cpu_prepack: bool = False
 
     @classmethod
     def for_pair(cls, model: ModelConfig, device: str) -> tuple[SpecFactory, SpecFactory]:
         """The target's factory and the draft's (which names the target) for the Hydra group `model`."""
-        options = {"device": device, "dtype": model.dtype, "trust_remote_code": model.trust_remote_code}
+        options = {
+            "device": device,
+            "dtype": model.dtype,
+            "trust_remote_code": model.trust_remote_code,
+            "cpu_prepack": model.cpu_prepack,
+        }
         return cls(model.target, **options), cls(model.draft, target_spec=model.target, **options)
 
     def __call__(self) -> torch.nn.Module:

@@ -64,6 +64,8 @@ class RuntimeActors:
     max_context: int | None = None
     # Per rank: what each shard's load reported (parameter bytes, peak resident growth).
     shard_memory: list[dict[str, int]] = field(default_factory=list)
+    # Linears model.cpu_prepack packed: per shard in rank order, then the draft's (if it has one).
+    packed_linears: list[int] = field(default_factory=list)
 
     @property
     def all_actors(self) -> list[ActorHandle]:
@@ -199,6 +201,9 @@ def launch(
         actors.shard_memory = [
             {key: info[key] for key in ("parameter_bytes", "load_peak_rss_bytes")} for info in loaded[: len(shards)]
         ]
+        actors.packed_linears = [int(info.get("packed_linears", 0)) for info in loaded]
+        if any(actors.packed_linears):
+            logger.info("model.cpu_prepack: linears packed per shard, then the draft: %s", actors.packed_linears)
         # What the actors built, checked as one pair (models/pair.py): vocabulary, context.
         target_facts = loaded[0]["facts"]
         draft_facts = loaded[-1]["facts"] if uses_draft else None

@@ -64,6 +64,7 @@ from distributed_spec.engine.multipath_step import (
 )
 from distributed_spec.engine.runner import ModelRunner
 from distributed_spec.engine.sides import TargetSide
+from distributed_spec.models.cpu_linear import pack_cpu_linears
 from distributed_spec.models.pair import ModelFacts
 from distributed_spec.verify_parallel import VocabShard
 from distributed_spec.verify_parallel.step import verify_step_vocab_parallel
@@ -124,7 +125,8 @@ class TargetShard:
         Returns the target's facts (models.pair.ModelFacts: vocabulary size, context length; the group
         checks the pair with them),
         and what the shard holds: its parameter bytes, and how much its resident host memory grew
-        while loading at its peak (`load_peak_rss_bytes`; includes mapped checkpoint pages).
+        while loading at its peak (`load_peak_rss_bytes`; includes mapped checkpoint pages), and how
+        many linears model.cpu_prepack packed (`packed_linears`).
         """
         init_shard_group(rendezvous, placement, device, backend, timeout_s)
         self.rank = placement.rank
@@ -133,6 +135,8 @@ class TargetShard:
         reset_peak_rss()
         rss_before = rss_bytes()
         self.model = build_shard(model_factory, rendezvous.world_size, self.device)
+        # After AutoTP: its sharded layers are not nn.Linear and stay as they are.
+        num_packed = pack_cpu_linears(self.model) if getattr(model_factory, "cpu_prepack", False) else 0
         load_peak_rss = peak_rss_bytes() - rss_before
         self.runner = ModelRunner(self.model, compact_fraction)
         self.side = TargetSide(self.runner)
@@ -141,6 +145,7 @@ class TargetShard:
             "facts": ModelFacts.of_model(self.model),
             "parameter_bytes": parameter_bytes(self.model),
             "load_peak_rss_bytes": load_peak_rss,
+            "packed_linears": num_packed,
         }
 
     def load_draft(

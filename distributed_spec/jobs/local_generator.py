@@ -14,6 +14,7 @@ from distributed_spec.config import ConfigError, JobConfig
 from distributed_spec.engine import SpeculativeEngine
 from distributed_spec.jobs.scheduler_generator import SchedulerGenerator
 from distributed_spec.models import load_model, load_pair
+from distributed_spec.models.cpu_linear import pack_cpu_linears
 from distributed_spec.models.tokenizers import eos_ids
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class LocalGenerator(SchedulerGenerator):
         except ValueError as err:
             # Vocabulary mismatch, missing files, bad kinds: configuration, not a crash.
             raise ConfigError(f"model: {err}") from err
+        if model.cpu_prepack:
+            for loaded in (target, draft):
+                if loaded is not None:
+                    logger.info("model.cpu_prepack: %d linears of %s packed", pack_cpu_linears(loaded.model), loaded.name)
         tokenizer = target.tokenizer
         if model.tokenizer is not None:
             from transformers import AutoTokenizer

@@ -96,19 +96,21 @@ def decoder_forward(
     cos, sin = rotary_cos_sin(position_ids, model.rotary_emb.inv_freq, hidden.dtype)
     mask = slot_attention_mask(attention_mask, num_new)
     for layer_idx, layer in enumerate(model.layers[: config.num_hidden_layers]):
+        # The projections' own forward (no module hooks): F.linear for nn.Linear, the packed product
+        # for models/cpu_linear.py's PackedLinear (bias-free here: supports_lean_forward).
         attention, mlp = layer.self_attn, layer.mlp
         normed = rms_norm(hidden, layer.input_layernorm.weight, eps)
-        query = F.linear(normed, attention.q_proj.weight).view(batch_size, num_new, num_heads, head_dim).transpose(1, 2)
-        key = F.linear(normed, attention.k_proj.weight).view(batch_size, num_new, num_kv_heads, head_dim).transpose(1, 2)
-        value = F.linear(normed, attention.v_proj.weight).view(batch_size, num_new, num_kv_heads, head_dim).transpose(1, 2)
+        query = attention.q_proj.forward(normed).view(batch_size, num_new, num_heads, head_dim).transpose(1, 2)
+        key = attention.k_proj.forward(normed).view(batch_size, num_new, num_kv_heads, head_dim).transpose(1, 2)
+        value = attention.v_proj.forward(normed).view(batch_size, num_new, num_kv_heads, head_dim).transpose(1, 2)
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         key, value = cache.update(key, value, layer_idx)
         attended = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=attention.scaling, enable_gqa=num_kv_heads != num_heads
         )
         attended = attended.transpose(1, 2).reshape(batch_size, num_new, num_heads * head_dim)
-        hidden = hidden + F.linear(attended, attention.o_proj.weight)
+        hidden = hidden + attention.o_proj.forward(attended)
         normed = rms_norm(hidden, layer.post_attention_layernorm.weight, eps)
-        gated = F.silu(F.linear(normed, mlp.gate_proj.weight)) * F.linear(normed, mlp.up_proj.weight)
-        hidden = hidden + F.linear(gated, mlp.down_proj.weight)
+        gated = F.silu(mlp.gate_proj.forward(normed)) * mlp.up_proj.forward(normed)
+        hidden = hidden + mlp.down_proj.forward(gated)
     return rms_norm(hidden, model.norm.weight, eps)
