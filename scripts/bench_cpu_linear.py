@@ -1,14 +1,22 @@
-"""model.cpu_prepack: the default pair's forwards with bf16 linears plain and packed once, side by side.
+"""model.cpu_prepack: the default pair with bf16 linears plain and packed once, side by side.
 
-    python -m scripts.bench_cpu_linear                          # 2 threads, bf16, B = 1 4 16
+    python -m scripts.bench_cpu_linear                          # forwards: 2 threads, bf16, B = 1 4 16
     python -m scripts.bench_cpu_linear --threads 1 --batch-sizes 1
+    python -m scripts.bench_cpu_linear --jobs --batch-sizes 1 4 16 --temperatures 0 1   # whole jobs
 
-Loads the default pair (SmolLM2 target, the bundled distilled draft) twice in bf16 and packs one copy
-(models/cpu_linear.py). Through the engine's ModelRunner, after a --context-token prompt per row, it
-times the forwards a step is made of: the target scoring 1 and 3 tokens per row (a plain step, a
-g = 2 block) and the draft drafting one token per row. Plain and packed take turns, --iters forwards
-each, --repeats rounds; the median per round, then the median over rounds. It also checks that both
-copies give bitwise the same logits. Writes nothing; docs/RESULTS.md quotes its tables.
+Forwards (the default): loads the default pair (SmolLM2 target, the bundled distilled draft) twice in
+bf16 and packs one copy (models/cpu_linear.py). Through the engine's ModelRunner, after a
+--context-token prompt per row, it times the forwards a step is made of: the target scoring 1 and 3
+tokens per row (a plain step, a g = 2 block) and the draft drafting one token per row. Plain and
+packed take turns, --iters forwards each, --repeats rounds; the median per round, then the median
+over rounds. It also checks that both copies give bitwise the same logits.
+
+--jobs: whole jobs instead, in the local runtime with model.cpu_prepack false and true (two
+generators in this process, so that their jobs can take turns): bench_throughput's length-skewed
+records (--records-at-b1 of them at B = 1, --num-records otherwise), autoregressive, fixed g =
+--num-draft-tokens and goodput, plain and packed taking turns --repeats times. Prints tokens/s (mean
+over rounds) and each policy's ratio over the autoregressive of its own kind. Writes nothing;
+docs/RESULTS.md quotes its tables.
 """
 
 from __future__ import annotations
@@ -33,6 +41,62 @@ def forward_seconds(runner: ModelRunner, input_ids: torch.Tensor) -> float:
     return seconds
 
 
+def run_jobs(args) -> None:
+    """--jobs: plain vs packed whole jobs taking turns (see the module docstring)."""
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    from distributed_spec.jobs.runner import build_generator
+    from scripts.bench_throughput import Policy, write_records
+    from scripts.common import base_job, measure
+
+    policies = [
+        Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1),
+        Policy(f"g={args.num_draft_tokens}", g=args.num_draft_tokens, max_draft_len=args.num_draft_tokens),
+        Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=3),
+    ]
+    kinds = {"plain": "local", "packed": "local-packed"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_records(work / "records.jsonl", args.num_records)
+        write_records(work / "records_b1.jsonl", min(args.records_at_b1, args.num_records))
+        options = argparse.Namespace(tiny=False, dtype="bfloat16", overrides=[f"parallel.num_threads={args.threads}"])
+        jobs = {kind: base_job(options, runtime, work / "records.jsonl") for kind, runtime in kinds.items()}
+        generators = {kind: build_generator(replace(job, verifier=policies[1].verifier())) for kind, job in jobs.items()}
+        for temperature in args.temperatures:
+            for batch_size in args.batch_sizes:
+                records = work / ("records_b1.jsonl" if batch_size == 1 else "records.jsonl")
+                speeds: dict[tuple[str, str], list[float]] = {}
+                for round_index in range(args.repeats):
+                    for policy in policies:
+                        for kind, generator in generators.items():
+                            job = jobs[kind]
+                            job = replace(
+                                job,
+                                data=replace(job.data, input_path=str(records), batch_size=batch_size),
+                                sampling=replace(job.sampling, temperature=temperature, seed=round_index),
+                                verifier=policy.verifier(),
+                            )
+                            out = work / f"{kind}-{policy.name}-{temperature}-{batch_size}-{round_index}"
+                            summary = measure(generator, job, out)
+                            speeds.setdefault((kind, policy.name), []).append(summary["tokens_per_s"])
+                mean = {key: statistics.mean(values) for key, values in speeds.items()}
+                for policy in policies:
+                    plain, packed = mean[("plain", policy.name)], mean[("packed", policy.name)]
+                    rows.append([
+                        f"{temperature:g}", batch_size, policy.name, f"{plain:.1f}", f"{packed:.1f}",
+                        f"{packed / plain:.2f}",
+                        f"{plain / mean[('plain', 'autoregressive')]:.2f}",
+                        f"{packed / mean[('packed', 'autoregressive')]:.2f}",
+                    ])
+                print(f"T = {temperature:g}, B = {batch_size} done", flush=True)
+    print(markdown_table(
+        ["T", "B", "policy", "plain tok/s", "packed tok/s", "packed / plain", "plain x AR", "packed x AR"], rows
+    ))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -40,8 +104,16 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=100, help="prompt tokens per row before the timed forwards")
     parser.add_argument("--iters", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jobs", action="store_true", help="whole jobs instead of forwards")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="--jobs")
+    parser.add_argument("--num-draft-tokens", type=int, default=2, help="--jobs: the fixed g")
+    parser.add_argument("--num-records", type=int, default=64, help="--jobs")
+    parser.add_argument("--records-at-b1", type=int, default=16, help="--jobs: records at B = 1")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.jobs:
+        run_jobs(args)
+        return
 
     plain = load_default_pair(draft="distilled", dtype="bfloat16")
     packed = load_default_pair(draft="distilled", dtype="bfloat16")
