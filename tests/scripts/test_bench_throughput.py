@@ -126,3 +126,21 @@ def test_the_goal_verdict_tells_a_miss_from_noise():
     rows = [_row("autoregressive", 1.0), _row("g=1", 1.10), _row("goodput", 1.05)]
     text = bench_throughput.markdown(rows, SimpleNamespace(argv=[]))
     assert "Of the others, 0 lie within noise of it (the interval reaches 0.97) and 0 miss it" in text
+
+
+def test_every_runtime_composes_the_job_it_names(tmp_path):
+    # RUNTIMES is built from the variants: each name gives the job its runtime, TP size and variant.
+    from scripts.common import RUNTIMES, base_job
+
+    options = SimpleNamespace(tiny=False, dtype="bfloat16", overrides=[])
+    jobs = {runtime: base_job(options, runtime, tmp_path / "records.jsonl") for runtime in RUNTIMES}
+    assert set(RUNTIMES) >= {"local", "local-packed", "ray1", "ray2-draft-actor", "ray1-in-shard", "ray2-packed"}
+    for runtime, job in jobs.items():
+        base = runtime.partition("-")[0]
+        assert job.parallel.runtime == ("local" if base == "local" else "ray")
+        if base != "local":
+            assert job.parallel.tp_size == int(base.removeprefix("ray"))
+        assert job.model.cpu_prepack == runtime.endswith("-packed")
+        assert job.parallel.draft_in_shard == {"in-shard": True, "draft-actor": False}.get(
+            runtime.partition("-")[2], "auto"
+        )
