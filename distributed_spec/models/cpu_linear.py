@@ -12,8 +12,10 @@ to the weights; here it needs no compiler.
 
 Exact: up to PACKED_MAX_ROWS rows per call the packed product is the kernel F.linear runs, minus
 the per-call reorder, so the result is bitwise the same; bigger calls (prompts, wide batches, where
-the reorder is amortised) go to F.linear itself. So a packed model's logits are the plain model's,
-bitwise (tests/models/test_cpu_linear.py: per shape and row count, whole models, whole jobs).
+the reorder is amortised) go to F.linear itself. Each shape is checked at load against F.linear
+(another CPU may pick another kernel) and left plain where they differ. So a packed model's logits
+are the plain model's, bitwise (tests/models/test_cpu_linear.py: per shape and row count, whole
+models, whole jobs).
 Costs: the packed copy sits beside the plain weight (which tied embeddings, the vocabulary-parallel
 head and checkpoints keep reading), so the linears' memory doubles. float32 is left alone (its plain
 path already streams the weights at memory speed), and so are DeepSpeed AutoTP's sharded layers
@@ -85,10 +87,23 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def matches_f_linear(packed: PackedLinear) -> bool:
+    """Whether `packed` gives F.linear's result bitwise on this machine, at 1 and PACKED_MAX_ROWS rows
+    (the kernel choice is oneDNN's, per CPU: checked at load, not assumed)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows in (1, PACKED_MAX_ROWS):
+            x = torch.randn(rows, packed.in_features, generator=generator).to(packed.weight.dtype)
+            if not torch.equal(packed(x), F.linear(x, packed.weight, packed.bias)):
+                return False
+    return True
+
+
 def pack_cpu_linears(model: nn.Module) -> int:
     """Replace every packable nn.Linear of `model` by a PackedLinear, in place; returns how many.
 
-    A model with no bf16 CPU linears (float32, CUDA, AutoTP-sharded layers) is left as it is (0).
+    A model with no bf16 CPU linears (float32, CUDA, AutoTP-sharded layers) is left as it is (0), and
+    so is every linear of a shape whose packed product is not F.linear's on this machine (a warning).
     """
     if not packing_available():
         logger.warning("model.cpu_prepack: this torch build has no oneDNN packed linear; linears left plain")
@@ -100,8 +115,17 @@ def pack_cpu_linears(model: nn.Module) -> int:
         if packable(child)
     ]
     packed: dict[int, PackedLinear] = {}
+    exact_by_shape: dict[tuple[int, int, bool], bool] = {}
     for parent, name, child in targets:
-        # A module reachable twice (shared) is packed once and stays shared.
-        replacement = packed.setdefault(id(child), PackedLinear(child))
-        setattr(parent, name, replacement)
+        if id(child) not in packed:  # a module reachable twice (shared) is packed once, stays shared
+            replacement = PackedLinear(child)
+            shape = (child.out_features, child.in_features, child.bias is not None)
+            if shape not in exact_by_shape:
+                exact_by_shape[shape] = matches_f_linear(replacement)
+                if not exact_by_shape[shape]:
+                    logger.warning("model.cpu_prepack: %s linears left plain (packed != F.linear here)", shape)
+            if not exact_by_shape[shape]:
+                continue
+            packed[id(child)] = replacement
+        setattr(parent, name, packed[id(child)])
     return len(packed)

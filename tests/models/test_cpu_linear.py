@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from distributed_spec.models import cpu_linear
 from distributed_spec.models.cpu_linear import PackedLinear, pack_cpu_linears, packing_available
 from distributed_spec.models.tiny import tiny_llama
 from tests.jobs.cli_runs import tiny_args, write_prompts
@@ -61,6 +62,18 @@ def test_a_linear_shared_by_two_parents_is_packed_once_and_stays_shared():
     model = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
     assert pack_cpu_linears(model) == 1
     assert isinstance(model["a"][0], PackedLinear) and model["a"][0] is model["b"][0]
+
+
+def test_a_shape_whose_packed_product_differs_here_is_left_plain(monkeypatch):
+    model = _tiny(torch.bfloat16)
+    square = {(module.out_features, module.in_features) for module in model.modules() if type(module) is nn.Linear}
+    assert (32, 32) in square and len(square) > 1
+    # As on a CPU where oneDNN picks another kernel for the packed weight: the check at load sees it.
+    monkeypatch.setattr(cpu_linear, "matches_f_linear", lambda packed: packed.in_features != packed.out_features)
+    pack_cpu_linears(model)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            assert isinstance(module, PackedLinear) == (module.in_features != module.out_features)
 
 
 def test_the_drafts_lean_forward_gives_the_same_logits_packed():
