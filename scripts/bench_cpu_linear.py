@@ -41,6 +41,33 @@ def forward_seconds(runner: ModelRunner, input_ids: torch.Tensor) -> float:
     return seconds
 
 
+@torch.inference_mode()
+def head_table(plain_model, packed_model, args) -> str:
+    """The target's output head alone (its biggest linear), plain F.linear against the packed one."""
+    plain_head, packed_head = plain_model.get_output_embeddings(), packed_model.get_output_embeddings()
+    rows = []
+    for num_rows in (1, 3, 16, 32):
+        x = torch.randn(num_rows, plain_head.in_features, generator=torch.Generator().manual_seed(0))
+        x = x.to(plain_head.weight.dtype)
+        same = torch.equal(plain_head(x), packed_head(x))
+        rounds: dict[str, list[float]] = {"plain": [], "packed": []}
+        for _ in range(args.repeats):
+            seconds: dict[str, list[float]] = {"plain": [], "packed": []}
+            for _ in range(args.iters):
+                for name, head in (("plain", plain_head), ("packed", packed_head)):
+                    start = time.perf_counter()
+                    head(x)
+                    seconds[name].append(time.perf_counter() - start)
+            for name in rounds:
+                rounds[name].append(statistics.median(seconds[name]))
+        ms = {name: 1000 * statistics.median(values) for name, values in rounds.items()}
+        rows.append([
+            f"{plain_head.out_features} x {plain_head.in_features}", num_rows, f"{ms['plain']:.2f}",
+            f"{ms['packed']:.2f}", f"{ms['plain'] / ms['packed']:.2f}", "yes" if same else "NO",
+        ])
+    return markdown_table(["target head", "rows", "plain ms", "packed ms", "plain / packed", "same result"], rows)
+
+
 def run_jobs(args) -> None:
     """--jobs: plain vs packed whole jobs taking turns (see the module docstring)."""
     import tempfile
@@ -120,6 +147,7 @@ def main() -> None:
     num_packed = [pack_cpu_linears(loaded.model) for loaded in packed]
     print(f"{args.threads} thread(s), bf16; linears packed: target {num_packed[0]}, draft {num_packed[1]}")
 
+    print(head_table(plain[0].model, packed[0].model, args))
     rows = []
     with torch.inference_mode():
         for batch_size in args.batch_sizes:

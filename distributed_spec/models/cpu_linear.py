@@ -5,9 +5,9 @@
 
 Why: torch's bf16 `F.linear` on the CPU hands oneDNN the plain [out, in] weight, and oneDNN reorders
 it into its blocked layout on every call. At a few rows per call that reorder costs more than the
-product: SmolLM2's 49152 x 576 head takes 6.5-7.5 ms per call plain and 2.4-2.7 ms packed on this
-project's host (`python -m scripts.bench_cpu_linear` times whole forwards; docs/RESULTS.md,
-"bfloat16 linears packed once"). Packing at load time is what torch.compile's CPU freezing pass does
+product: SmolLM2's 49152 x 576 head takes 4.5 ms a call plain and 2.4 ms packed at one row on this
+project's 2-core host (`python -m scripts.bench_cpu_linear`, which also times whole forwards;
+docs/RESULTS.md, "bfloat16 linears packed once"). Packing at load time is what torch.compile's CPU freezing pass does
 to the weights; here it needs no compiler.
 
 Exact: up to PACKED_MAX_ROWS rows per call the packed product is the kernel F.linear runs, minus
