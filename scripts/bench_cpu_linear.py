@@ -29,7 +29,7 @@ import torch
 
 from distributed_spec.engine import ModelRunner
 from distributed_spec.models.cpu_linear import pack_cpu_linears
-from scripts.common import load_default_pair, markdown_table
+from scripts.common import load_default_pair, markdown_table, time_calls
 
 
 def forward_seconds(runner: ModelRunner, input_ids: torch.Tensor) -> float:
@@ -50,16 +50,11 @@ def head_table(plain_model, packed_model, args) -> str:
         x = torch.randn(num_rows, plain_head.in_features, generator=torch.Generator().manual_seed(0))
         x = x.to(plain_head.weight.dtype)
         same = torch.equal(plain_head(x), packed_head(x))
+        calls = {"plain": lambda x=x: plain_head(x), "packed": lambda x=x: packed_head(x)}
         rounds: dict[str, list[float]] = {"plain": [], "packed": []}
         for _ in range(args.repeats):
-            seconds: dict[str, list[float]] = {"plain": [], "packed": []}
-            for _ in range(args.iters):
-                for name, head in (("plain", plain_head), ("packed", packed_head)):
-                    start = time.perf_counter()
-                    head(x)
-                    seconds[name].append(time.perf_counter() - start)
-            for name in rounds:
-                rounds[name].append(statistics.median(seconds[name]))
+            for name, seconds in time_calls(calls, args.iters, statistics.median).items():
+                rounds[name].append(seconds)
         ms = {name: 1000 * statistics.median(values) for name, values in rounds.items()}
         rows.append([
             f"{plain_head.out_features} x {plain_head.in_features}", num_rows, f"{ms['plain']:.2f}",

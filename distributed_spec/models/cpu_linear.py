@@ -5,18 +5,17 @@
 
 Why: torch's bf16 `F.linear` on the CPU hands oneDNN the plain [out, in] weight, and oneDNN reorders
 it into its blocked layout on every call. At a few rows per call that reorder costs more than the
-product: SmolLM2's 49152 x 576 head takes 4.5 ms a call plain and 2.4 ms packed at one row on this
+product: SmolLM2's 49152 x 576 head takes 4.1 ms a call plain and 2.4 ms packed at one row on this
 project's 2-core host (`python -m scripts.bench_cpu_linear`, which also times whole forwards;
-docs/RESULTS.md, "bfloat16 linears packed once"). Packing at load time is what torch.compile's CPU freezing pass does
-to the weights; here it needs no compiler.
+docs/RESULTS.md, "bfloat16 linears packed once"). Packing at load time is what torch.compile's CPU
+freezing pass does to the weights; here it needs no compiler.
 
 Exact: up to PACKED_MAX_ROWS rows per call the packed product is the kernel F.linear runs, minus
 the per-call reorder, so the result is bitwise the same; bigger calls (prompts, wide batches, where
 the reorder is amortised) go to F.linear itself. Each shape is checked at load against F.linear
 (another CPU may pick another kernel) and left plain where they differ. So a packed model's logits
 are the plain model's, bitwise (tests/models/test_cpu_linear.py: per shape and row count, whole
-models, whole jobs).
-Costs: the packed copy sits beside the plain weight (which tied embeddings, the vocabulary-parallel
+models, whole jobs). Costs: the packed copy sits beside the plain weight (which tied embeddings, the vocabulary-parallel
 head and checkpoints keep reading), so the linears' memory doubles. float32 is left alone (its plain
 path already streams the weights at memory speed), and so are DeepSpeed AutoTP's sharded layers
 (tp_size > 1), which are not nn.Linear.
@@ -118,14 +117,15 @@ def pack_cpu_linears(model: nn.Module) -> int:
     exact_by_shape: dict[tuple[int, int, bool], bool] = {}
     for parent, name, child in targets:
         if id(child) not in packed:  # a module reachable twice (shared) is packed once, stays shared
-            replacement = PackedLinear(child)
             shape = (child.out_features, child.in_features, child.bias is not None)
+            if exact_by_shape.get(shape) is False:
+                continue  # known to differ here: not packed again just to be dropped
+            replacement = PackedLinear(child)
             if shape not in exact_by_shape:
                 exact_by_shape[shape] = matches_f_linear(replacement)
                 if not exact_by_shape[shape]:
                     logger.warning("model.cpu_prepack: %s linears left plain (packed != F.linear here)", shape)
-            if not exact_by_shape[shape]:
-                continue
+                    continue
             packed[id(child)] = replacement
         setattr(parent, name, packed[id(child)])
     return len(packed)
