@@ -6,10 +6,11 @@
     python -m scripts.simulate_goodput --chain-ceiling      # position i lifted at position i-1's rate
     python -m scripts.simulate_goodput --diagnose           # what goodput believed when it chose each g
     python -m scripts.simulate_goodput --outliers 0.03 3    # 3% of the steps take 3x as long
+    python -m scripts.simulate_goodput --row-shrinkage 1e9  # no per-row factor (each row at the global rates)
 
-Each scenario is a cell of docs/RESULTS.md's grid (16e917b): the cost of a g step over a g = 0 step
-and the block efficiency of fixed g, both read off that grid's fixed-g jobs (cost = block efficiency
-/ tokens-per-s ratio). A run of `--steps` steps at B rows draws each step's seconds from that cost
+Each scenario is a cell of docs/RESULTS.md's grid (16e917b; `ray1 B1 T1` from 28c6254): the cost of
+a g step over a g = 0 step and the block efficiency of fixed g, both read off that grid's fixed-g
+jobs (cost = block efficiency / tokens-per-s ratio). A run of `--steps` steps at B rows draws each step's seconds from that cost
 with lognormal noise (`noise`: ~15% per step in Ray, ~7% locally) and a slow drift (contexts grow),
 and each row's kept length from the per-position rates the block efficiencies imply; the policy
 sees only what the scheduler would show it. Printed per scenario: goodput's tokens/s over the
@@ -40,6 +41,9 @@ SCENARIOS = {
     "ray1 B1 T0": (1, (1.0, 1.291, 1.386, 1.44), (1.317, 1.459, 1.477), 0.15, 160),
     "local B1 T0": (1, (1.0, 1.201, 1.269, 1.349), (1.317, 1.459, 1.477), 0.07, 160),
     "local B1 T1": (1, (1.0, 1.227, 1.311, 1.415), (1.264, 1.447, 1.463), 0.07, 160),
+    # The grid's ray1 row at 28c6254 (the draft inside the shard, docs/bench/throughput_grid_28c6254/ray1):
+    # the one B = 1 cell where goodput reads below its best fixed g by more than 2%.
+    "ray1 B1 T1": (1, (1.0, 1.177, 1.266, 1.403), (1.301, 1.414, 1.457), 0.15, 160),
 }
 
 
@@ -59,16 +63,17 @@ def run(
     unlucky: int = 0,
     choices: list | None = None,
     outliers: tuple[float, float] = (0.0, 1.0),
+    row_kw: dict | None = None,
 ) -> tuple[float, list[int]]:
     """One run: (tokens per second, steps per g). choices, if given, collects each exploiting step's
     (g, predicted T(B, g') / T(B, 0) for every g', expected tokens per row for every g') as the policy
     saw them when it chose (None for a g with no prediction yet). outliers: (fraction of the steps,
-    factor on their seconds)."""
+    factor on their seconds). row_kw: RowAcceptance's settings (shrinkage, decay) for every row."""
     num_rows, cost, block_efficiency, noise, num_steps = SCENARIOS[scenario]
     conditional = conditional_rates(block_efficiency)
     rng = random.Random(seed)
     policy = GoodputPolicy(max_draft_len=3, **policy_kw)
-    records = [RowAcceptance() for _ in range(num_rows)]
+    records = [RowAcceptance(**(row_kw or {})) for _ in range(num_rows)]
     steps, tokens, seconds = [0] * 4, 0.0, 0.0
     for step in range(num_steps):
         rows = [(8, record) for record in records]
@@ -142,8 +147,18 @@ def main(argv: list[str] | None = None) -> None:
         "--outliers", type=float, nargs=2, default=(0.0, 1.0), metavar=("P", "F"),
         help="a fraction P of the steps takes F times as long",
     )
+    parser.add_argument(
+        "--row-shrinkage", type=float, default=None,
+        help="RowAcceptance.shrinkage, pseudo-tokens pulling a row's factor to 1 (default: its own; 1e9: no row factor)",
+    )
+    parser.add_argument("--row-decay", type=float, default=None, help="RowAcceptance.decay per step (default: its own)")
     args = parser.parse_args(argv)
     outliers = tuple(args.outliers)
+    row_kw = {
+        name: value
+        for name, value in (("shrinkage", args.row_shrinkage), ("decay", args.row_decay))
+        if value is not None
+    }
     policy_kw = {} if args.optimism is None else {"optimism": args.optimism}
     if args.optimistic_positions is not None:
         policy_kw["optimistic_positions"] = args.optimistic_positions if args.optimistic_positions > 0 else None
@@ -152,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     for scenario in SCENARIOS:
         runs, choices = [], []  # runs: (goodput / best, steps per g) per seed
         for seed in range(args.seeds):
-            goodput, steps = run(scenario, seed, policy_kw, choices=choices, outliers=outliers)
-            autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0, outliers=outliers)
+            goodput, steps = run(scenario, seed, policy_kw, choices=choices, outliers=outliers, row_kw=row_kw)
+            autoregressive, _ = run(scenario, seed + 1000, policy_kw, fixed=0, outliers=outliers, row_kw=row_kw)
             runs.append((goodput / autoregressive / best_fixed(scenario), steps))
         relative = [ratio for ratio, _ in runs]
         steps_per_g = [sum(column) for column in zip(*(steps for _, steps in runs))]
@@ -178,8 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{ratios}, expected tokens {tokens}"
                     )
     rescued = [
-        run("local B1 T1", seed, policy_kw, unlucky=6, outliers=outliers)[0]
-        / run("local B1 T1", seed + 1000, policy_kw, fixed=0, outliers=outliers)[0]
+        run("local B1 T1", seed, policy_kw, unlucky=6, outliers=outliers, row_kw=row_kw)[0]
+        / run("local B1 T1", seed + 1000, policy_kw, fixed=0, outliers=outliers, row_kw=row_kw)[0]
         / best_fixed("local B1 T1")
         for seed in range(args.seeds)
     ]

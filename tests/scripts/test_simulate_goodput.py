@@ -58,3 +58,27 @@ def test_optimistic_positions_reach_the_policy(monkeypatch):
     seen.clear()
     simulate_goodput.main(["--seeds", "1"])
     assert set(seen) == {"default"}
+
+
+def test_row_settings_reach_every_row_and_change_nothing_else(monkeypatch):
+    seen = []
+    original = simulate_goodput.RowAcceptance
+
+    def spy(**kwargs):
+        seen.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(simulate_goodput, "RowAcceptance", spy)
+    simulate_goodput.main(["--seeds", "1", "--row-shrinkage", "1e9", "--row-decay", "0.97"])
+    assert seen and all(kwargs == {"shrinkage": 1e9, "decay": 0.97} for kwargs in seen)
+    seen.clear()
+    simulate_goodput.main(["--seeds", "1"])
+    assert seen and all(kwargs == {} for kwargs in seen)  # the shipped defaults
+    # A row factor held at 1 (infinite shrinkage) chooses as the global rates alone would.
+    record = original(shrinkage=1e9)
+    record.observe(0, 3.0)
+    assert record.factor() == pytest.approx(1.0, abs=1e-8)
+
+
+def test_the_ray1_b1_t1_cell_is_a_scenario_whose_best_fixed_g_is_2():
+    assert simulate_goodput.best_fixed("ray1 B1 T1") == pytest.approx(1.414 / 1.266)
