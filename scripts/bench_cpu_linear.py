@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -63,30 +65,50 @@ def head_table(plain_model, packed_model, args) -> str:
     return markdown_table(["target head", "rows", "plain ms", "packed ms", "plain / packed", "same result"], rows)
 
 
-def run_jobs(args) -> None:
-    """--jobs: plain vs packed whole jobs taking turns (see the module docstring)."""
+def time_side_by_side(runners: dict[str, ModelRunner], context: list[list[int]], input_ids: torch.Tensor, args) -> tuple[dict[str, float], bool]:
+    """Milliseconds of one forward of input_ids [B, n] per runner, after `context` (the runners take
+    turns, args.iters forwards each, args.repeats rounds; median per round, then over rounds), and
+    whether they all give bitwise the same logits."""
+    for runner in runners.values():
+        runner.prefill(context)
+    logits = [runner.forward_tokens(input_ids) for runner in runners.values()]
+    same = all(torch.equal(logits[0], other) for other in logits[1:])
+    for runner in runners.values():
+        runner.rollback(torch.zeros(input_ids.shape[0], dtype=torch.long), input_ids.shape[1])
+    rounds: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.repeats):
+        seconds: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(args.iters):
+            for name, runner in runners.items():
+                seconds[name].append(forward_seconds(runner, input_ids))
+        for name in runners:
+            rounds[name].append(statistics.median(seconds[name]))
+    return {name: 1000 * statistics.median(values) for name, values in rounds.items()}, same
+
+
+def jobs_side_by_side(args, load: Callable[[Path], tuple[dict, dict]]) -> str:
+    """Whole local jobs of two kinds taking turns: autoregressive, fixed g = args.num_draft_tokens and
+    goodput, per T and B, args.repeats rounds. load(records path) -> (JobConfig per kind, loaded
+    generator per kind). The table: tokens/s per kind (mean over rounds), the second kind's over the
+    first's, and each policy x the autoregressive job of its kind."""
     import tempfile
     from dataclasses import replace
-    from pathlib import Path
 
-    from distributed_spec.jobs.runner import build_generator
     from scripts.bench_throughput import Policy, write_records
-    from scripts.common import base_job, measure
+    from scripts.common import measure
 
     policies = [
         Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1),
         Policy(f"g={args.num_draft_tokens}", g=args.num_draft_tokens, max_draft_len=args.num_draft_tokens),
         Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=3),
     ]
-    kinds = {"plain": "local", "packed": "local-packed"}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_records(work / "records.jsonl", args.num_records)
         write_records(work / "records_b1.jsonl", min(args.records_at_b1, args.num_records))
-        options = argparse.Namespace(tiny=False, dtype="bfloat16", overrides=[f"parallel.num_threads={args.threads}"])
-        jobs = {kind: base_job(options, runtime, work / "records.jsonl") for kind, runtime in kinds.items()}
-        generators = {kind: build_generator(replace(job, verifier=policies[1].verifier())) for kind, job in jobs.items()}
+        jobs, generators = load(work / "records.jsonl")
+        first, second = list(generators)
         for temperature in args.temperatures:
             for batch_size in args.batch_sizes:
                 records = work / ("records_b1.jsonl" if batch_size == 1 else "records.jsonl")
@@ -106,21 +128,34 @@ def run_jobs(args) -> None:
                             speeds.setdefault((kind, policy.name), []).append(summary["tokens_per_s"])
                 mean = {key: statistics.mean(values) for key, values in speeds.items()}
                 for policy in policies:
-                    plain, packed = mean[("plain", policy.name)], mean[("packed", policy.name)]
+                    a, b = mean[(first, policy.name)], mean[(second, policy.name)]
                     rows.append([
-                        f"{temperature:g}", batch_size, policy.name, f"{plain:.1f}", f"{packed:.1f}",
-                        f"{packed / plain:.2f}",
-                        f"{plain / mean[('plain', 'autoregressive')]:.2f}",
-                        f"{packed / mean[('packed', 'autoregressive')]:.2f}",
+                        f"{temperature:g}", batch_size, policy.name, f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}",
+                        f"{a / mean[(first, 'autoregressive')]:.2f}", f"{b / mean[(second, 'autoregressive')]:.2f}",
                     ])
                 print(f"T = {temperature:g}, B = {batch_size} done", flush=True)
-    print(markdown_table(
-        ["T", "B", "policy", "plain tok/s", "packed tok/s", "packed / plain", "plain x AR", "packed x AR"], rows
-    ))
+    return markdown_table(
+        ["T", "B", "policy", f"{first} tok/s", f"{second} tok/s", f"{second} / {first}", f"{first} x AR", f"{second} x AR"],
+        rows,
+    )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_jobs(args) -> None:
+    """--jobs: plain vs packed whole jobs taking turns (see the module docstring)."""
+    from distributed_spec.jobs.runner import build_generator
+    from scripts.common import base_job
+
+    def load(records: Path) -> tuple[dict, dict]:
+        options = argparse.Namespace(tiny=False, dtype="bfloat16", overrides=[f"parallel.num_threads={args.threads}"])
+        jobs = {kind: base_job(options, runtime, records) for kind, runtime in (("plain", "local"), ("packed", "local-packed"))}
+        # The job's default verifier drafts, so each generator loads the draft.
+        return jobs, {kind: build_generator(job) for kind, job in jobs.items()}
+
+    print(jobs_side_by_side(args, load))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a plain-vs-other comparison: forwards by default, --jobs for whole jobs."""
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--context", type=int, default=100, help="prompt tokens per row before the timed forwards")
@@ -131,6 +166,11 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=2, help="--jobs: the fixed g")
     parser.add_argument("--num-records", type=int, default=64, help="--jobs")
     parser.add_argument("--records-at-b1", type=int, default=16, help="--jobs: records at B = 1")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.jobs:
@@ -149,22 +189,8 @@ def main() -> None:
             context = [[5 + (i * 7 + row) % 1000 for i in range(args.context)] for row in range(batch_size)]
             for role, index, num_tokens in (("target", 0, 1), ("target", 0, 3), ("draft", 1, 1)):
                 runners = {name: ModelRunner(pair[index].model) for name, pair in (("plain", plain), ("packed", packed))}
-                for runner in runners.values():
-                    runner.prefill(context)
                 input_ids = torch.randint(5, 1000, (batch_size, num_tokens), generator=torch.Generator().manual_seed(0))
-                logits = {name: runner.forward_tokens(input_ids) for name, runner in runners.items()}
-                same = torch.equal(logits["plain"], logits["packed"])
-                for runner in runners.values():
-                    runner.rollback(torch.zeros(batch_size, dtype=torch.long), num_tokens)
-                rounds: dict[str, list[float]] = {name: [] for name in runners}
-                for _ in range(args.repeats):
-                    seconds: dict[str, list[float]] = {name: [] for name in runners}
-                    for _ in range(args.iters):
-                        for name, runner in runners.items():
-                            seconds[name].append(forward_seconds(runner, input_ids))
-                    for name in runners:
-                        rounds[name].append(statistics.median(seconds[name]))
-                ms = {name: 1000 * statistics.median(values) for name, values in rounds.items()}
+                ms, same = time_side_by_side(runners, context, input_ids, args)
                 rows.append([
                     role, batch_size, num_tokens, f"{ms['plain']:.2f}", f"{ms['packed']:.2f}",
                     f"{ms['plain'] / ms['packed']:.2f}", "yes" if same else "NO",

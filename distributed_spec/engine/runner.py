@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
+from distributed_spec.models.cpu_attention import use_gqa_attention
+
 
 class ModelRunner:
     """A causal LM, its KV cache and the per-slot mask of the current batch."""
@@ -64,6 +66,10 @@ class ModelRunner:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.compact_fraction = compact_fraction
+        # The runner's forwards of several positions carry the slot mask: on the CPU, grouped-query
+        # attention without transformers' copy of the cache per query head (same outputs, bitwise;
+        # models/cpu_attention.py).
+        self.gqa_attention = use_gqa_attention(model)
         # The logits' width; a sub-vocabulary draft head still returns logits over config.vocab_size.
         self.vocab_size = int(model.config.vocab_size)
         forward_params = inspect.signature(model.forward).parameters
