@@ -89,7 +89,8 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
     parameter = next(model.parameters(), None)
     if config is None or parameter is None or parameter.device.type != "cpu":
         return False
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    # transformers' own models only: the attention function is theirs, set through their config.
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
     num_heads = getattr(config, "num_attention_heads", None)
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads

@@ -70,6 +70,11 @@ def test_models_it_does_not_apply_to_are_left_as_they_are(monkeypatch):
     assert not use_gqa_attention(full_heads) and full_heads.config._attn_implementation == "sdpa"
     eager = _llama(attn_implementation="eager")
     assert not use_gqa_attention(eager) and eager.config._attn_implementation == "eager"
+    # A module that only looks like one (a config, no transformers model around it).
+    wrapper = torch.nn.Module()
+    wrapper.inner = _llama()
+    wrapper.config = wrapper.inner.config
+    assert not use_gqa_attention(wrapper) and wrapper.config._attn_implementation == "sdpa"
     monkeypatch.setattr(cpu_attention, "matches_repeated_heads", lambda *args: False)
     differs = _llama()
     assert not use_gqa_attention(differs) and differs.config._attn_implementation == "sdpa"
