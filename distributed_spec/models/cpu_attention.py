@@ -20,6 +20,7 @@ heads falls back to its slowest kernel.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -68,9 +69,11 @@ def gqa_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+@functools.cache
 def matches_repeated_heads(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
     """Whether SDPA with grouped heads gives transformers' repeated-heads result bitwise on this CPU,
-    for a masked forward of 3 positions over 17 slots in `dtype`."""
+    for a masked forward of 3 positions over 17 slots in `dtype` (once per shape and dtype in a
+    process: the target's and a truncated draft's runners, and every test's, ask the same)."""
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(2, num_heads, 3, head_dim, generator=generator).to(dtype)
     key, value = (torch.randn(2, num_kv_heads, 17, head_dim, generator=generator).to(dtype) for _ in range(2))
