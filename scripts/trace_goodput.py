@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         widths = range(policy.max_draft_len + 1)
         seconds = [policy.cost.predict(num_rows, width) for width in widths]
         tokens = [policy.expected_tokens(rows, width) / max(len(rows), 1) for width in widths]
-        factor = sum(record.factor() for _, record in rows) / max(len(rows), 1)
+        factor = sum(row[1].factor() for row in rows) / max(len(rows), 1)
         # The draft's debt priced per token a drafting step makes (goodput.py: c_catch x sum D_r / R_r).
         debt_ms = policy.catch_up.seconds_per_token * debt_per_token * 1e3
         optimistic, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def checked(scheduler, rows, plan, outcome, seconds):
         if scheduler.goodput is not None and plan.num_prompt_slots == 0 and len(rows) == args.batch_size:
-            predicted = scheduler.goodput.cost.predict(len(rows), plan.g)
+            predicted = scheduler.goodput.cost.predict(len(rows), plan.g, model=plan.num_model_drafts > 0)
             if predicted is not None:
                 checks.append((plan.g, predicted / max(seconds - outcome.prefill_s, 1e-9)))
         return observe(scheduler, rows, plan, outcome, seconds)

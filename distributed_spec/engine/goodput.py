@@ -1,10 +1,11 @@
 """The "goodput" draft-length schedule: each step, the g that maximises expected tokens per second.
 
-    from distributed_spec.engine.goodput import GoodputPolicy
+    from distributed_spec.engine.goodput import GoodputPolicy, GoodputRow
     policy = GoodputPolicy(max_draft_len=4)
-    g = policy.choose_step(expected_rows, num_rows)        # before the step
-    policy.observe_step(num_rows, g, seconds)              # after it (wall clock of the whole step)
-    policy.observe_acceptance(num_draft_tokens, accepted_counts)
+    g = policy.choose_step(rows, num_rows)                 # before the step; rows: GoodputRow per row
+    policy.model_drafts, policy.ngram_rows(rows, g)        # which blocks serve the rows
+    policy.observe_step(num_rows, g, seconds, model=...)   # after it (wall clock of the whole step)
+    policy.observe_acceptance(num_draft_tokens, accepted_counts, from_ngram)
 
 goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g in {0, ..., max}:
 - T(B, g) is the wall-clock time of a whole step with B rows in the batch and g draft tokens per
@@ -60,14 +61,29 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   rows owing the draft least): the target's forward is [B, g + 1] whatever each row verifies, so it
   measures T(B, g) without making the draft catch up the whole batch (docs/design.md section 3).
 
+- Two proposers (`verifier.proposer=model+ngram`, engine/proposers.py): each row is offered as a
+  `GoodputRow` (its model limit and the length of its n-gram proposal). The n-gram blocks' verdicts
+  have rates of their own (`ngram_acceptance`: a point mass keeps its token with the target's
+  probability of it), and a step of n-gram blocks alone (no draft forward) has cost cells of its own,
+  (B, g, False) beside the model's (B, g, True). The options are g = 0, (g, the model drafts) and
+  (g, n-gram blocks alone), each kind with its own climbing probe; in a model step each row with a
+  proposal takes whichever block it is expected to keep more of (`ngram_rows`).
+
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
-on the current block's target probabilities or uniforms (tests/verify/test_oracle.py enumerates it).
+on the current block's target probabilities or uniforms, and on the rows' n-gram proposals (functions of
+their tokens so far); tests/verify/test_oracle.py enumerates both.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+def cell_key(num_rows: int, g: int, model: bool) -> tuple[int, int, bool]:
+    """A cost cell's key: (B, g, whether the draft model drafts); a g = 0 step drafts nothing."""
+    return (num_rows, g, bool(model) and g > 0)
 
 
 @dataclass
@@ -128,7 +144,9 @@ class StepCostModel:
         # A step moves the drift by at most this much in log (22%): one slow step (the first of a run,
         # which feeds every prompt) must not rescale every cell.
         self.max_drift_step = max_drift_step
-        self.cells: dict[tuple[int, int], _Cell] = {}
+        # (B, g, whether the draft model drafted): an n-gram-only step of width g skips the draft's
+        # forwards, so it is its own cell (g = 0 steps are always (B, 0, False)).
+        self.cells: dict[tuple[int, int, bool], _Cell] = {}
         # log of the factor all cells share (1 at the start).
         self.log_drift = 0.0
         # Decayed sums of (prompt slots - cell mean) x (seconds - cell mean) and its square, seconds
@@ -147,16 +165,20 @@ class StepCostModel:
             return 0.0
         return max(self._within_xy / self._within_xx, 0.0)
 
-    def observe(self, num_rows: int, g: int, seconds: float, step: int, num_prompt_slots: int = 0) -> None:
-        """A step's wall clock; num_prompt_slots: rows x the longest prompt chunk it fed (0: none)."""
-        cell = self.cells.get((num_rows, g))
+    def observe(
+        self, num_rows: int, g: int, seconds: float, step: int, num_prompt_slots: int = 0, model: bool = True
+    ) -> None:
+        """A step's wall clock; num_prompt_slots: rows x the longest prompt chunk it fed (0: none);
+        model: whether the draft model drafted in it (False: n-gram blocks only)."""
+        key = cell_key(num_rows, g, model)
+        cell = self.cells.get(key)
         if cell is not None and step - cell.last_step <= self.fresh_steps:
             expected = self.seconds(cell) + self.seconds_per_prompt_slot * num_prompt_slots
             surprise = math.log(max(seconds, 1e-9) / max(expected, 1e-9))
             self.log_drift += self.drift_rate * min(max(surprise, -self.max_drift_step), self.max_drift_step)
         net = seconds / math.exp(self.log_drift)
         if cell is None:
-            self.cells[(num_rows, g)] = _Cell(net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))])
+            self.cells[key] = _Cell(net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))])
             return
         dx = num_prompt_slots - cell.mean_prompt_slots
         if cell.count >= self.robust_samples:
@@ -190,34 +212,45 @@ class StepCostModel:
         net = max(cell.mean_seconds - self._net_seconds_per_slot * cell.mean_prompt_slots, 1e-9)
         return net * math.exp(self.log_drift)
 
-    def measured(self, num_rows: int, g: int) -> _Cell | None:
-        return self.cells.get((num_rows, g))
+    def measured(self, num_rows: int, g: int, model: bool = True) -> _Cell | None:
+        return self.cells.get(cell_key(num_rows, g, model))
 
-    def predict(self, num_rows: int, g: int) -> float | None:
-        """Predicted seconds of a (B, g) step; None when g was never measured at any B. At least every
-        shorter block measured at this B (module docstring): a step's cost does not fall with g."""
-        seconds = self._predict_cell(num_rows, g)
+    def predict(self, num_rows: int, g: int, model: bool = True) -> float | None:
+        """Predicted seconds of a (B, g) step (model: the draft model drafts in it); None when that
+        kind of step was never measured at any B. At least every shorter block of its kind measured
+        at this B (module docstring): a step's cost does not fall with g."""
+        key = cell_key(num_rows, g, model)
+        seconds = self._predict_cell(key)
         if seconds is None:
             return None
-        shorter = [self.seconds(cell) for (rows, width), cell in self.cells.items() if rows == num_rows and width < g]
+        shorter = [
+            self.seconds(cell)
+            for (rows, width, drafts), cell in self.cells.items()
+            if rows == num_rows and width < g and (drafts == key[2] or width == 0)
+        ]
         return max([seconds, *shorter])
 
-    def _predict_cell(self, num_rows: int, g: int) -> float | None:
-        """The (B, g) cell's own estimate, or one from the nearest batch size that measured g."""
-        cell = self.cells.get((num_rows, g))
+    def _predict_cell(self, key: tuple[int, int, bool]) -> float | None:
+        """The cell's own estimate, or one from the nearest batch size that measured its (g, kind)."""
+        cell = self.cells.get(key)
         if cell is not None:
             return self.seconds(cell)
-        others = [rows for (rows, width) in self.cells if width == g]
+        num_rows, g, model = key
+        others = [rows for (rows, width, drafts) in self.cells if (width, drafts) == (g, model)]
         if not others:
             return None
         nearest = min(others, key=lambda rows: (abs(math.log(rows / num_rows)), rows))
-        base = self.seconds(self.cells[(nearest, g)])
-        shared = [width for (rows, width) in self.cells if rows == num_rows and (nearest, width) in self.cells]
+        base = self.seconds(self.cells[(nearest, g, model)])
+        shared = [
+            (width, drafts)
+            for (rows, width, drafts) in self.cells
+            if rows == num_rows and (nearest, width, drafts) in self.cells
+        ]
         if not shared:
             # No cell at this B: every g scales alike, so the choice is the nearest B's.
             return base
-        anchor = min(shared, key=lambda width: abs(width - g))
-        return base * self.seconds(self.cells[(num_rows, anchor)]) / self.seconds(self.cells[(nearest, anchor)])
+        width, drafts = min(shared, key=lambda kind: (abs(kind[0] - g), kind[1] != model))
+        return base * self.seconds(self.cells[(num_rows, width, drafts)]) / self.seconds(self.cells[(nearest, width, drafts)])
 
 
 class CatchUpCost:
@@ -291,6 +324,27 @@ class RowAcceptance:
         self.num_predicted = self.decay * self.num_predicted + num_predicted
 
 
+class GoodputRow(NamedTuple):
+    """A decoding row as the policy sees it (a plain (max_drafts, record) pair is one too)."""
+
+    # Draft tokens the draft model may propose for it (its token budget; 0 without a draft model).
+    max_drafts: int
+    record: RowAcceptance
+    # Tokens of its n-gram proposal this step (0: no match, or no n-gram proposer).
+    max_ngram: int = 0
+
+
+Option = tuple[int, bool]
+
+
+def _cumulative(rates: list[float]) -> list[float]:
+    """[n + 1]: 0, a_1, a_1 + a_2, ...: the expected kept length of a block of each length."""
+    cumulative = [0.0]
+    for rate in rates:
+        cumulative.append(cumulative[-1] + rate)
+    return cumulative
+
+
 @dataclass
 class GoodputPolicy:
     """Picks each step's draft length g in {0, ..., max_draft_len} to maximise tokens per second."""
@@ -319,90 +373,115 @@ class GoodputPolicy:
     optimistic_positions: int | None = 2
     cost: StepCostModel = field(default_factory=StepCostModel)
     catch_up: CatchUpCost = field(default_factory=CatchUpCost)
+    # Kept draft positions of the draft model's blocks, and of n-gram blocks (a point mass keeps
+    # its token with the target's probability of it: a rate of its own).
     acceptance: AcceptanceEstimate | None = None
+    ngram_acceptance: AcceptanceEstimate | None = None
     num_steps: int = 0
-    # The g of the last exploitation step (the neighbour exploration moves around it).
-    best: int = 0
+    # The last exploitation step's choice, (g, whether the draft model drafts): the neighbour
+    # exploration moves around it.
+    best_option: Option = (0, False)
     # Whether the last choice measures a cell (the probe, exploration) rather than exploits the best.
     measuring: bool = False
+    # Whether the draft model drafts in the chosen step (False: n-gram blocks only, or g = 0).
+    model_drafts: bool = True
 
     def __post_init__(self) -> None:
         if self.acceptance is None:
             self.acceptance = AcceptanceEstimate(self.max_draft_len)
+        if self.ngram_acceptance is None:
+            self.ngram_acceptance = AcceptanceEstimate(self.max_draft_len)
 
-    def expected_tokens(self, rows: list[tuple[int, RowAcceptance]], g: int) -> float:
-        """Expected tokens of a step over `rows`: (tokens the row may verify, its record) pairs,
-        with the acceptance rates' optimistic prior (`optimism`)."""
-        rates = self.acceptance.rates(self.optimism, self.optimistic_positions)
-        cumulative = [0.0]
-        for rate in rates:
-            cumulative.append(cumulative[-1] + rate)
-        total = 0.0
-        for max_drafts, record in rows:
-            num_drafts = min(g, max_drafts)
-            total += 1.0 + min(float(num_drafts), record.factor() * cumulative[num_drafts])
-        return total
+    @property
+    def best(self) -> int:
+        """The g of the last exploitation step."""
+        return self.best_option[0]
+
+    def _row_choices(self, rows: list[GoodputRow], g: int, model: bool) -> list[tuple[float, bool]]:
+        """Per row, for a g step (model: the draft model drafts in it): its expected tokens, and
+        whether its n-gram block serves it (where it keeps more than the model's block is expected
+        to; without the model, wherever it has one). If no row would take the model's block in a
+        model step, every row takes it: such a step must run the model, or it is an n-gram step."""
+        model_cumulative = _cumulative(self.acceptance.rates(self.optimism, self.optimistic_positions))
+        ngram_cumulative = _cumulative(self.ngram_acceptance.rates(self.optimism, self.optimistic_positions))
+
+        def tokens(num_drafts: int, cumulative: list[float], record: RowAcceptance) -> float:
+            return 1.0 + min(float(num_drafts), record.factor() * cumulative[num_drafts])
+
+        choices = []
+        for row in rows:
+            from_model = tokens(min(g, row.max_drafts) if model else 0, model_cumulative, row.record)
+            num_ngram = min(g, row.max_ngram)
+            from_ngram = tokens(num_ngram, ngram_cumulative, row.record)
+            use_ngram = num_ngram > 0 and from_ngram >= from_model
+            choices.append((from_ngram if use_ngram else from_model, use_ngram))
+        if model and g > 0 and all(use_ngram for _, use_ngram in choices):
+            return [(tokens(min(g, row.max_drafts), model_cumulative, row.record), False) for row in rows]
+        return choices
+
+    def expected_tokens(self, rows: list[tuple], g: int, model: bool = True) -> float:
+        """Expected tokens of a step over `rows` (GoodputRow, or (max_drafts, record) pairs), with
+        the acceptance rates' optimistic prior (`optimism`); model: the draft model drafts."""
+        return sum(tokens for tokens, _ in self._row_choices([GoodputRow(*row) for row in rows], g, model))
+
+    def ngram_rows(self, rows: list[tuple], g: int) -> list[bool]:
+        """Per row of the step just chosen (choose_step's rows and g): whether its n-gram block serves it."""
+        return [use for _, use in self._row_choices([GoodputRow(*row) for row in rows], g, self.model_drafts)]
 
     def goodput(
-        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, debt_per_token: float = 0.0
+        self, rows: list[tuple], num_rows: int, g: int, debt_per_token: float = 0.0, model: bool = True
     ) -> float | None:
-        """Expected tokens per second of a g step; debt_per_token: sum over rows of D_r / R_r."""
-        return self._goodput_at(rows, g, self.cost.predict(num_rows, g), debt_per_token)
+        """Expected tokens per second of a g step; debt_per_token: sum over rows of D_r / R_r;
+        model: the draft model drafts in it (False: n-gram blocks only)."""
+        return self._goodput_at(rows, g, self.cost.predict(num_rows, g, model), debt_per_token, model)
 
     def _goodput_at(
-        self, rows: list[tuple[int, RowAcceptance]], g: int, seconds: float | None, debt_per_token: float
+        self, rows: list[tuple], g: int, seconds: float | None, debt_per_token: float, model: bool = True
     ) -> float | None:
         """Expected tokens per second of a g step that costs `seconds` before the draft's debt."""
         if seconds is None:
             return None
-        tokens = self.expected_tokens(rows, g)
-        if g > 0 and rows:
+        tokens = self.expected_tokens(rows, g, model)
+        if g > 0 and model and rows:
             # The rows' share of the draft's catch-up (module docstring), E_r taken as the mean.
             seconds += self.catch_up.seconds_per_token * debt_per_token * tokens / len(rows)
         return tokens / max(seconds, 1e-9)
 
     def _could_win(
-        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float | None, debt_per_token: float
+        self, rows: list[tuple], num_rows: int, option: Option, best_score: float | None, debt_per_token: float
     ) -> bool:
-        """Whether g could beat best_score even at the least its step can cost: no less than the
-        next shorter block at this batch size (a longer block does that step's work and more), plus
-        the draft's debt. A cell that cannot is not worth a measurement step, however few times it was
-        measured: at B = 32 the draft owes every row its prompt, and the probe's second g = 1 step and
-        the re-measurements are steps at ~1.8x a plain one's cost (docs/RESULTS.md)."""
+        """Whether the option could beat best_score even at the least its step can cost: no less than
+        the next shorter block of its kind at this batch size (a longer block does that step's work and
+        more), plus the draft's debt. A cell that cannot is not worth a measurement step, however few
+        times it was measured: at B = 32 the draft owes every row its prompt, and the probe's second
+        g = 1 step and the re-measurements are steps at ~1.8x a plain one's cost (docs/RESULTS.md)."""
+        g, model = option
         if g == 0 or best_score is None:
             return True
-        bound = self._goodput_at(rows, g, self.cost.predict(num_rows, g - 1), debt_per_token)
+        bound = self._goodput_at(rows, g, self.cost.predict(num_rows, g - 1, model), debt_per_token, model)
         return bound is None or bound >= best_score
 
-    def choose_step(self, rows: list[tuple[int, RowAcceptance]], num_rows: int, debt_per_token: float = 0.0) -> int:
-        """The step's g. rows: (draft tokens the row may verify, its record) per decoding row;
-        num_rows: rows in the forward (decoding or not); debt_per_token: sum over the decoding rows of
-        (draft tokens the row owes) / (tokens it has left), the draft's debt (module docstring)."""
+    def choose_step(self, rows: list[tuple], num_rows: int, debt_per_token: float = 0.0) -> int:
+        """The step's g. rows: per decoding row, a GoodputRow (or a (max_drafts, record) pair: the
+        draft model alone); num_rows: rows in the forward (decoding or not); debt_per_token: sum over
+        the decoding rows of (draft tokens the row owes) / (tokens it has left), the draft's debt
+        (module docstring). Sets `model_drafts` (whether the draft model drafts; `ngram_rows` says
+        which rows an n-gram block serves) and `measuring`."""
         self.num_steps += 1
         self.measuring = False
+        self.model_drafts = False
         if not rows:
             return 0
-        longest = min(self.max_draft_len, max(max_drafts for max_drafts, _ in rows))
-        candidates = list(range(longest + 1))
-        # The probe climbs: g is measured (min_samples steps at this batch size) only while goodput
-        # still rises from g - 2 to g - 1. Goodput in g rises to one peak and falls, so past a fall
-        # the longer blocks, the dearest steps to probe, are not tried at this batch size.
-        for g in candidates:
-            if self._known(num_rows, g):
-                continue
-            if g >= 2 and not self._rising(rows, num_rows, g - 1, debt_per_token):
-                candidates = candidates[:g]
-                break
-            shorter = [self.goodput(rows, num_rows, width, debt_per_token) for width in range(g)]
-            best_shorter = max((score for score in shorter if score is not None), default=None)
-            if not self._could_win(rows, num_rows, g, best_shorter, debt_per_token):
-                candidates = candidates[:g]
-                break
-            self.measuring = True
-            return g
-        scores = {g: self.goodput(rows, num_rows, g, debt_per_token) for g in candidates}
-        best = max(candidates, key=lambda g: (scores[g], -g))
-        self.best = best
+        rows = [GoodputRow(*row) for row in rows]
+        options: list[Option] = [(0, False)]
+        for model, longest in self._kinds(rows):
+            to_measure, ladder = self._climb(rows, num_rows, model, longest, debt_per_token)
+            if to_measure is not None:
+                return self._take((to_measure, model), measuring=True)
+            options += [(g, model) for g in ladder]
+        scores = {option: self.goodput(rows, num_rows, option[0], debt_per_token, option[1]) for option in options}
+        best = max(options, key=lambda option: (scores[option] or 0.0, -option[0], not option[1]))
+        self.best_option = best
         if self.explore_every and self.num_steps % self.explore_every == 0:
             # Re-measure a neighbour of the best, so a peak that moves is followed step by step; not one
             # predicted to lose by more than explore_margin (the draft's debt included): at a large batch
@@ -411,66 +490,123 @@ class GoodputPolicy:
             # fewer than confident_samples times is a candidate too, neighbour or not: a g = 0 cell
             # priced high by its two start-up steps was never re-measured while the best sat at g = 3,
             # and the run stayed there (docs/RESULTS.md).
-            pool = [g for g in candidates if g != best and (abs(g - best) == 1 or self._seldom_measured(num_rows, g))]
-            to_measure = [g for g in pool if self._within_reach(rows, num_rows, g, scores[best], debt_per_token)]
+            pool = [
+                option
+                for option in options
+                if option != best and (_neighbours(option, best) or self._seldom_measured(num_rows, option))
+            ]
+            to_measure = [
+                option for option in pool if self._within_reach(rows, num_rows, option, scores[best], debt_per_token)
+            ]
             if to_measure:
-                self.measuring = True
-                return min(to_measure, key=self._last_measured(num_rows))
-        return best
+                return self._take(min(to_measure, key=self._last_measured(num_rows)), measuring=True)
+        return self._take(best)
 
-    def _seldom_measured(self, num_rows: int, g: int) -> bool:
-        """Whether g was measured at this batch size, but fewer than confident_samples times."""
-        cell = self.cost.measured(num_rows, g)
+    def _kinds(self, rows: list[GoodputRow]) -> list[tuple[bool, int]]:
+        """The kinds of drafting step open to these rows, each with its longest g: (True, ...) where
+        the draft model may draft (its rows' n-gram blocks may still serve them), (False, ...) where
+        some row has an n-gram block (the model stays idle)."""
+        longest_model = max(row.max_drafts for row in rows)
+        longest_ngram = max(row.max_ngram for row in rows)
+        kinds = []
+        if longest_model > 0:
+            kinds.append((True, min(self.max_draft_len, max(longest_model, longest_ngram))))
+        if longest_ngram > 0:
+            kinds.append((False, min(self.max_draft_len, longest_ngram)))
+        return kinds
+
+    def _climb(
+        self, rows: list[GoodputRow], num_rows: int, model: bool, longest: int, debt_per_token: float
+    ) -> tuple[int | None, list[int]]:
+        """The probe of one kind of step: (a g to measure now, None) or (None, the g >= 1 to choose
+        from). g is measured (min_samples steps at this batch size) only while goodput still rises
+        from g - 2 to g - 1: goodput in g rises to one peak and falls, so past a fall the longer
+        blocks, the dearest steps to probe, are not tried at this batch size."""
+        for g in range(longest + 1):
+            if self._known(num_rows, (g, model)):
+                continue
+            if g >= 2 and not self._rising(rows, num_rows, g - 1, model, debt_per_token):
+                return None, list(range(1, g))
+            shorter = [self.goodput(rows, num_rows, width, debt_per_token, model) for width in range(g)]
+            best_shorter = max((score for score in shorter if score is not None), default=None)
+            if not self._could_win(rows, num_rows, (g, model), best_shorter, debt_per_token):
+                return None, list(range(1, g))
+            return g, []
+        return None, list(range(1, longest + 1))
+
+    def _take(self, option: Option, measuring: bool = False) -> int:
+        self.measuring = measuring
+        self.model_drafts = option[1] and option[0] > 0
+        return option[0]
+
+    def _seldom_measured(self, num_rows: int, option: Option) -> bool:
+        """Whether the option was measured at this batch size, but fewer than confident_samples times."""
+        cell = self.cost.measured(num_rows, *option)
         return cell is not None and cell.count < self.confident_samples
 
-    def _known(self, num_rows: int, g: int) -> bool:
-        """Whether g's cost at this batch size counts as known (predicted from another batch size,
-        or measured here min_samples times)."""
-        cell = self.cost.measured(num_rows, g)
+    def _known(self, num_rows: int, option: Option) -> bool:
+        """Whether the option's cost at this batch size counts as known (predicted from another batch
+        size, or measured here min_samples times)."""
+        cell = self.cost.measured(num_rows, *option)
         if cell is not None:
             return cell.count >= self.min_samples
-        return self.cost.predict(num_rows, g) is not None
+        return self.cost.predict(num_rows, *option) is not None
 
     def _within_reach(
-        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, best_score: float, debt_per_token: float
+        self, rows: list[GoodputRow], num_rows: int, option: Option, best_score: float, debt_per_token: float
     ) -> bool:
-        """Whether g's predicted goodput is within explore_margin of the best's, or measured at this
-        batch size too seldom to tell (confident_samples) while it could still win (`_could_win`).
-        A g never measured at this B is judged on its prediction: a draining batch meets a new B at
-        every finish, and re-measuring each one made goodput draft in a fifth of the steps at B = 16
-        and 32."""
-        cell = self.cost.measured(num_rows, g)
+        """Whether the option's predicted goodput is within explore_margin of the best's, or measured
+        at this batch size too seldom to tell (confident_samples) while it could still win
+        (`_could_win`). A g never measured at this B is judged on its prediction: a draining batch
+        meets a new B at every finish, and re-measuring each one made goodput draft in a fifth of the
+        steps at B = 16 and 32."""
+        cell = self.cost.measured(num_rows, *option)
         if cell is not None and cell.count < self.confident_samples:
-            return self._could_win(rows, num_rows, g, best_score, debt_per_token)
-        score = self.goodput(rows, num_rows, g, debt_per_token)
+            return self._could_win(rows, num_rows, option, best_score, debt_per_token)
+        score = self.goodput(rows, num_rows, option[0], debt_per_token, option[1])
         return score is None or score >= (1.0 - self.explore_margin) * best_score
 
-    def _rising(
-        self, rows: list[tuple[int, RowAcceptance]], num_rows: int, g: int, debt_per_token: float
-    ) -> bool:
-        """Whether goodput rises from g - 1 to g (both known)."""
-        upper = self.goodput(rows, num_rows, g, debt_per_token)
-        lower = self.goodput(rows, num_rows, g - 1, debt_per_token)
+    def _rising(self, rows: list[GoodputRow], num_rows: int, g: int, model: bool, debt_per_token: float) -> bool:
+        """Whether goodput rises from g - 1 to g (both known), for steps of one kind."""
+        upper = self.goodput(rows, num_rows, g, debt_per_token, model)
+        lower = self.goodput(rows, num_rows, g - 1, debt_per_token, model)
         return upper is not None and lower is not None and upper >= lower
 
     def _last_measured(self, num_rows: int):
-        def key(g: int) -> int:
-            cell = self.cost.measured(num_rows, g)
+        def key(option: Option) -> int:
+            cell = self.cost.measured(num_rows, *option)
             return -1 if cell is None else cell.last_step
 
         return key
 
-    def observe_step(self, num_rows: int, g: int, seconds: float, num_prompt_slots: int = 0) -> None:
-        """Wall-clock seconds of a step; num_prompt_slots: rows x the longest prompt chunk it fed."""
-        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prompt_slots)
+    def observe_step(
+        self, num_rows: int, g: int, seconds: float, num_prompt_slots: int = 0, model: bool = True
+    ) -> None:
+        """Wall-clock seconds of a step; num_prompt_slots: rows x the longest prompt chunk it fed;
+        model: whether the draft model drafted in it."""
+        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prompt_slots, model)
 
     def observe_catch_up(self, seconds: float, num_tokens: int) -> None:
         """A step's catch-up forwards of the draft: seconds and the tokens they fed."""
         self.catch_up.observe(seconds, num_tokens)
 
-    def observe_acceptance(self, num_draft_tokens: list[int], accepted_counts: list[int]) -> None:
-        self.acceptance.observe(num_draft_tokens, accepted_counts)
+    def observe_acceptance(
+        self, num_draft_tokens: list[int], accepted_counts: list[int], from_ngram: list[bool] | None = None
+    ) -> None:
+        """Verdicts of a step's decoding rows; from_ngram: rows whose block an n-gram proposal made."""
+        if from_ngram is None or not any(from_ngram):
+            self.acceptance.observe(num_draft_tokens, accepted_counts)
+            return
+        for estimate, source in ((self.acceptance, False), (self.ngram_acceptance, True)):
+            chosen = [index for index, ngram in enumerate(from_ngram) if ngram == source]
+            estimate.observe([num_draft_tokens[index] for index in chosen], [accepted_counts[index] for index in chosen])
 
-    def predicted_accepted(self, num_drafts: int) -> float:
-        """What the global rates predict a row keeps of num_drafts (for its record)."""
-        return sum(self.acceptance.rates()[:num_drafts])
+    def predicted_accepted(self, num_drafts: int, ngram: bool = False) -> float:
+        """What the global rates predict a row keeps of num_drafts (for its record); ngram: of an
+        n-gram block."""
+        return sum((self.ngram_acceptance if ngram else self.acceptance).rates()[:num_drafts])
+
+
+def _neighbours(option: Option, other: Option) -> bool:
+    """Whether two options are one draft token apart in the same kind of step (g = 0 neighbours both)."""
+    return abs(option[0] - other[0]) == 1 and (option[1] == other[1] or 0 in (option[0], other[0]))

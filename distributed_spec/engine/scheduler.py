@@ -45,7 +45,7 @@ import torch
 from distributed_spec.engine.config import EngineConfig, RowStats, RunStats
 from distributed_spec.engine.draft_length import next_draft_length
 from distributed_spec.engine.executor import DecodeOptions, Executor, StepOutcome, StepPlan, is_out_of_memory
-from distributed_spec.engine.goodput import GoodputPolicy, RowAcceptance
+from distributed_spec.engine.goodput import GoodputPolicy, GoodputRow, RowAcceptance
 from distributed_spec.engine.ngram import NgramProposer
 from distributed_spec.engine.proposers import ngram_block
 from distributed_spec.engine.stopping import StopChecker
@@ -256,39 +256,22 @@ class Scheduler:
         prefill = [request.num_prompt_left if chunk is None else min(chunk, request.num_prompt_left) for request in rows]
         max_drafts = [max(request.remaining - 1, 0) if on else 0 for request, on in zip(rows, decoding)]
         proposals = self._ngram_proposals(rows, max_drafts)
-        if proposals is not None:
-            # A row the n-gram proposer serves can verify no more than it proposed; under "ngram" a
-            # row without a match verifies none (the goodput schedule sees these limits too).
-            max_drafts = [
-                len(tokens) if tokens or config.verifier.proposer == "ngram" else limit
-                for tokens, limit in zip(proposals, max_drafts)
-            ]
         draft_rows = None
         if not config.verifier.uses_draft:
             scheduled_num_draft_tokens = [0] * len(rows)
         elif self.goodput is not None:
-            candidates = [
-                (limit, request.acceptance) for request, limit, on in zip(rows, max_drafts, decoding) if on
-            ]
-            debt_per_token = 0.0
-            if config.verifier.uses_draft_model:
-                debt_per_token = sum(
-                    request.draft_lag / max(request.remaining, 1) for request, on in zip(rows, decoding) if on
-                )
-            g = self.goodput.choose_step(candidates, len(rows), debt_per_token)
-            scheduled_num_draft_tokens = [g] * len(rows)
-            if g > 0 and self.goodput.measuring and config.verifier.uses_draft_model and config.verifier.num_paths == 1:
-                draft_rows = self._probe_rows(rows, decoding, max_drafts, proposals)
-                if draft_rows is not None:
-                    # The other model rows verify no draft this step (n-gram rows keep their blocks).
-                    scheduled_num_draft_tokens = [
-                        g if on or (proposals is not None and proposals[index]) else 0
-                        for index, on in enumerate(draft_rows)
-                    ]
+            proposals, scheduled_num_draft_tokens, draft_rows = self._goodput_step(rows, decoding, max_drafts, proposals)
         elif config.verifier.draft_len_schedule == "adaptive":
             scheduled_num_draft_tokens = [request.num_draft_tokens for request in rows]
         else:
             scheduled_num_draft_tokens = [config.verifier.num_draft_tokens] * len(rows)
+        if proposals is not None and self.goodput is None:
+            # A row the n-gram proposer serves can verify no more than it proposed; under "ngram" a
+            # row without a match verifies none.
+            max_drafts = [
+                len(tokens) if tokens or config.verifier.proposer == "ngram" else limit
+                for tokens, limit in zip(proposals, max_drafts)
+            ]
         num_draft_tokens = [
             min(g, limit) if on else 0 for g, limit, on in zip(scheduled_num_draft_tokens, max_drafts, decoding)
         ]
@@ -326,6 +309,46 @@ class Scheduler:
             num_paths=num_paths,
             draft_rows=None if draft_rows is None or model_g == 0 else torch.tensor(draft_rows, dtype=torch.bool),
         )
+
+    def _goodput_step(
+        self, rows: list[Request], decoding: list[bool], max_drafts: list[int], proposals: list[list[int]] | None
+    ) -> tuple[list[list[int]] | None, list[int], list[bool] | None]:
+        """The goodput schedule's step: the n-gram proposals it uses (a row served by the draft
+        model this step gets []), each row's scheduled draft tokens, and the probe's drafting rows
+        (None: every row). Each decoding row is offered with both of its limits: the draft model's
+        (its budget) and its n-gram proposal's length, so goodput prices the two apart
+        (engine/goodput.py: acceptance per proposer, and n-gram-only steps in cells of their own)."""
+        config = self.config
+        uses_model = config.verifier.uses_draft_model
+        num_ngram = [len(tokens) for tokens in proposals] if proposals is not None else [0] * len(rows)
+        candidates = [
+            GoodputRow(limit if uses_model else 0, request.acceptance, ngram)
+            for request, limit, ngram, on in zip(rows, max_drafts, num_ngram, decoding)
+            if on
+        ]
+        debt_per_token = 0.0
+        if uses_model:
+            debt_per_token = sum(
+                request.draft_lag / max(request.remaining, 1) for request, on in zip(rows, decoding) if on
+            )
+        g = self.goodput.choose_step(candidates, len(rows), debt_per_token)
+        use_ngram = iter(self.goodput.ngram_rows(candidates, g))
+        ngram_rows = [next(use_ngram) if on else False for on in decoding]
+        model_drafts = self.goodput.model_drafts and uses_model
+        scheduled = [
+            min(g, ngram) if ngram_row else (g if model_drafts else 0) for ngram, ngram_row in zip(num_ngram, ngram_rows)
+        ]
+        if proposals is not None:
+            proposals = [tokens if ngram_row else [] for tokens, ngram_row in zip(proposals, ngram_rows)]
+        draft_rows = None
+        if model_drafts and g > 0 and self.goodput.measuring and config.verifier.num_paths == 1:
+            draft_rows = self._probe_rows(rows, decoding, max_drafts, proposals)
+            if draft_rows is not None:
+                # The other model rows verify no draft this step (n-gram rows keep their blocks).
+                scheduled = [
+                    n if on or ngram_row else 0 for n, on, ngram_row in zip(scheduled, draft_rows, ngram_rows)
+                ]
+        return proposals, scheduled, draft_rows
 
     def _probe_rows(
         self, rows: list[Request], decoding: list[bool], max_drafts: list[int], proposals: list[list[int]] | None
@@ -401,7 +424,7 @@ class Scheduler:
             request.stats.num_iterations += 1
             request.stats.num_accepted += tau
             if self.goodput is not None:
-                request.acceptance.observe(tau, self.goodput.predicted_accepted(num_drafts))
+                request.acceptance.observe(tau, self.goodput.predicted_accepted(num_drafts, ngram=from_ngram[index]))
             if self.config.verifier.draft_len_schedule == "adaptive":
                 request.num_draft_tokens = next_draft_length(request.num_draft_tokens, tau, num_drafts, self.config.verifier.max_draft_len)
             emitted = draft_ids[index][:tau] + [next_tokens[index]]
@@ -443,7 +466,10 @@ class Scheduler:
             return
         num_draft_tokens = [n for n, on in zip(outcome.num_draft_tokens.tolist(), decoding) if on]
         accepted = [tau for tau, on in zip(outcome.accepted_counts.tolist(), decoding) if on]
-        self.goodput.observe_acceptance(num_draft_tokens, accepted)
+        from_ngram = None
+        if plan.from_ngram is not None:
+            from_ngram = [ngram for ngram, on in zip(plan.from_ngram.tolist(), decoding) if on]
+        self.goodput.observe_acceptance(num_draft_tokens, accepted, from_ngram)
         self.goodput.observe_catch_up(outcome.catch_up_s, outcome.num_catch_up_tokens)
         # Prompt forwards run apart were timed: their seconds come off the step; the prompt slots
         # of the shared forward are priced by a fitted cost per slot (StepCostModel).
@@ -453,4 +479,6 @@ class Scheduler:
             plan.g,
             max(seconds - outcome.prefill_s, 0.0),
             plan.num_prompt_slots_apart if fed_apart else plan.num_prompt_slots,
+            # An n-gram-only step (the draft model idle) is priced in cells of its own.
+            model=self.config.verifier.uses_draft_model and plan.num_model_drafts > 0,
         )

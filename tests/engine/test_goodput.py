@@ -310,3 +310,105 @@ def test_the_optimistic_prior_lifts_only_the_first_positions():
     lifted, plain = policy.acceptance.rates(policy.optimism, 2), policy.acceptance.rates()
     # The third moves only through its weak prior (half the lifted second rate), not by a lift of its own.
     assert lifted[0] > plain[0] and lifted[1] > plain[1] and abs(lifted[2] - plain[2]) < 0.001
+
+
+def test_ngram_only_steps_are_priced_in_cells_of_their_own():
+    """A step of n-gram blocks alone skips the draft's forwards: its (B, g) cell is not the model's,
+    g = 0 is one cell for both, and an unmeasured B is predicted from the same kind of cell."""
+    model = StepCostModel()
+    for step in range(4):
+        model.observe(1, 0, 0.040, step=3 * step)
+        model.observe(1, 2, 0.060, step=3 * step + 1)
+        model.observe(1, 2, 0.046, step=3 * step + 2, model=False)
+    assert abs(model.predict(1, 2) - 0.060) < 1e-6
+    assert abs(model.predict(1, 2, model=False) - 0.046) < 1e-6
+    assert model.predict(1, 0, model=True) == model.predict(1, 0, model=False)
+    assert model.predict(1, 1, model=False) is None
+    model.observe(4, 0, 0.080, step=20)
+    # Twice the plain step at B = 4: the n-gram cell scales with it.
+    assert abs(model.predict(4, 2, model=False) - 0.092) < 1e-6
+
+
+def test_acceptance_is_kept_per_proposer():
+    """Verdicts of n-gram blocks and of the model's blocks go to their own rates."""
+    policy = GoodputPolicy(max_draft_len=2)
+    policy.observe_acceptance([2] * 20, [2] * 18 + [0] * 2, [True] * 20)
+    policy.observe_acceptance([2] * 20, [0] * 18 + [1] * 2, [False] * 20)
+    assert policy.predicted_accepted(2, ngram=True) > 1.5
+    assert policy.predicted_accepted(2) < 0.3
+
+
+def test_a_row_takes_the_block_expected_to_keep_more():
+    """In a step the model drafts, a row with an n-gram proposal takes it where it is expected to keep
+    more than the model's block, the model's block otherwise; if no row would take the model's block,
+    every row does (such a step must run the model: it is measured and priced as one)."""
+    policy = GoodputPolicy(max_draft_len=3)
+    policy.observe_acceptance([3] * 40, [3] * 36 + [0] * 4, [True] * 40)
+    policy.observe_acceptance([3] * 40, [1] * 10 + [0] * 30, [False] * 40)
+    rows = [(8, RowAcceptance(), 3), (8, RowAcceptance(), 0), (8, RowAcceptance(), 1)]
+    policy.model_drafts = True
+    # The n-gram proposals keep more: its rows take them (a one-token proposal as well, at g = 3).
+    assert policy.ngram_rows(rows, 3) == [True, False, True]
+    policy.model_drafts = False
+    assert policy.ngram_rows(rows, 3) == [True, False, True]
+    assert policy.expected_tokens(rows, 3, model=False) < policy.expected_tokens(rows, 3, model=True)
+    # Every row with a proposal: a model step would give every one the model's block.
+    policy.model_drafts = True
+    assert policy.ngram_rows(rows[:1], 3) == [False]
+    worse = GoodputPolicy(max_draft_len=3)
+    worse.observe_acceptance([3] * 40, [0] * 40, [True] * 40)
+    worse.observe_acceptance([3] * 40, [3] * 20 + [0] * 20, [False] * 40)
+    worse.model_drafts = True
+    assert worse.ngram_rows(rows, 3) == [False, False, False]
+
+
+def _simulate_proposers(ngram_rates, model_rates, policy_kind, num_steps=800):
+    """A B = 1 run with the n-gram proposer beside the draft: the row has a 3-token proposal in half
+    of its steps. A step costs 40 ms + 3 ms per verified position + 6 ms per draft token the model
+    drafts. policy_kind: "goodput", ("ngram-first", g) (n-gram block whenever there is one, the
+    model's g otherwise: model+ngram at fixed g) or ("model", g) (the draft alone).
+    Returns (tokens per second, n-gram-only steps among steps with a proposal)."""
+    policy = GoodputPolicy(max_draft_len=3)
+    rng = random.Random(1)
+    record = RowAcceptance()
+    tokens = seconds = 0.0
+    ngram_steps = match_steps = 0
+    for _ in range(num_steps):
+        proposal = 3 if rng.random() < 0.5 else 0
+        if policy_kind == "goodput":
+            g = policy.choose_step([(8, record, proposal)], 1)
+            use_ngram = policy.ngram_rows([(8, record, proposal)], g)[0]
+            model_drafts = policy.model_drafts and not use_ngram
+        else:
+            kind, g = policy_kind
+            use_ngram = kind == "ngram-first" and proposal > 0
+            model_drafts = not use_ngram
+        num_drafts = min(g, proposal) if use_ngram else (g if model_drafts else 0)
+        rates = ngram_rates if use_ngram else model_rates
+        accepted = 0
+        while accepted < num_drafts and rng.random() < rates[accepted]:
+            accepted += 1
+        step_s = 0.040 + 0.003 * num_drafts + (0.006 * num_drafts if model_drafts else 0.0)
+        tokens += 1 + accepted
+        seconds += step_s
+        match_steps += proposal > 0
+        ngram_steps += proposal > 0 and use_ngram and not model_drafts
+        record.observe(accepted, policy.predicted_accepted(num_drafts, ngram=use_ngram))
+        policy.observe_acceptance([num_drafts], [accepted], [use_ngram])
+        policy.observe_step(1, num_drafts, step_s, model=model_drafts and num_drafts > 0)
+    return tokens / seconds, ngram_steps / max(match_steps, 1)
+
+
+def test_goodput_prices_ngram_blocks_apart_from_the_models():
+    """Where n-gram blocks keep well and cost no draft forward (code, repeats), goodput serves rows
+    with a proposal by n-gram steps; where they keep little (sampling at T = 1), by the model's block.
+    Either way it is within 3% of the best fixed policy, with or without the n-gram proposer."""
+    fixed = [("ngram-first", g) for g in (1, 2, 3)] + [("model", g) for g in (0, 1, 2, 3)]
+    for ngram_rates, model_rates, ngram_share in (
+        ((0.8, 0.7, 0.6), (0.35, 0.2, 0.1), (0.9, 1.0)),
+        ((0.1, 0.05, 0.05), (0.5, 0.4, 0.3), (0.0, 0.1)),
+    ):
+        best = max(_simulate_proposers(ngram_rates, model_rates, kind)[0] for kind in fixed)
+        rate, share = _simulate_proposers(ngram_rates, model_rates, "goodput")
+        assert rate >= 0.97 * best
+        assert ngram_share[0] <= share <= ngram_share[1]

@@ -6,6 +6,8 @@ cache stays in step with the rows whose blocks came from n-grams.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -134,9 +136,24 @@ class RecordingRunner(ModelRunner):
 
 
 @pytest.mark.parametrize("draft_len_schedule", ["constant", "goodput"])
-def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_steps, draft_len_schedule):
+def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_steps, monkeypatch, draft_len_schedule):
     """After every step, per decoding row: the draft's kept slots + its pending input = prompt + output
-    (the invariant of sides.py), with blocks from n-grams, from the model, and steps without the model."""
+    (the invariant of sides.py), with blocks from n-grams, from the model, and steps without the model.
+    Under goodput the choices are scripted (g, whether the model drafts; every row with a proposal
+    takes its n-gram block), so all three kinds of step occur whatever the tiny pair accepts."""
+    if draft_len_schedule == "goodput":
+        from distributed_spec.engine.goodput import GoodputPolicy
+
+        pattern = itertools.cycle([(3, True), (0, False), (2, False), (3, True), (1, True)])
+
+        def scripted(self, rows, num_rows, debt_per_token=0.0):
+            self.num_steps += 1
+            self.measuring = False
+            g, self.model_drafts = next(pattern)
+            return g
+
+        monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)
+        monkeypatch.setattr(GoodputPolicy, "ngram_rows", lambda self, rows, g: [row.max_ngram > 0 for row in rows])
     target, draft = tiny_pair
     config = EngineConfig(
         verifier=VerifierConfig(
@@ -187,8 +204,9 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_st
 
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, steady_steps, proposer):
-    """The goodput schedule is offered, per row, no more drafts than its n-gram proposal holds (none
-    without a match under "ngram"), and no row verifies more than that."""
+    """The goodput schedule is offered, per row, its two limits: the draft model's (its budget; none
+    under "ngram") and its n-gram proposal's length; a row verifies no more than its proposal where
+    its block is an n-gram one, and a row without a match under "ngram" verifies none."""
     from distributed_spec.engine.ngram import lookup
     from distributed_spec.engine.speculative import build_requests
 
@@ -207,7 +225,7 @@ def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, steady_steps, p
     original_plan = scheduler._plan
 
     def recording_choose(rows, num_rows, debt_per_token=0.0):
-        offered.append([limit for limit, _ in rows])
+        offered.append([(row.max_drafts, row.max_ngram) for row in rows])
         return choose_step(rows, num_rows, debt_per_token)
 
     def recording_plan(rows, keep_rows, joining):
@@ -218,14 +236,20 @@ def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, steady_steps, p
         ]
         decoding = plan.decoding.tolist()
         limits = [
-            (len(tokens) if tokens or proposer == "ngram" else min(request.remaining - 1, 4))
+            (min(request.remaining - 1, 4) if proposer == "model+ngram" else 0, len(tokens))
             for tokens, request, on in zip(proposals, rows, decoding)
             if on
         ]
         if limits:
-            assert [min(limit, 4) for limit in offered[-1]] == limits
-        for n, tokens, on in zip(plan.num_draft_tokens.tolist(), proposals, decoding):
-            assert n <= (len(tokens) if tokens or proposer == "ngram" else 4) if on else n == 0
+            assert [(min(model, 4), ngram) for model, ngram in offered[-1]] == limits
+        from_ngram = plan.from_ngram.tolist()
+        for n, tokens, on, ngram_row in zip(plan.num_draft_tokens.tolist(), proposals, decoding, from_ngram):
+            if not on:
+                assert n == 0
+            elif ngram_row or proposer == "ngram":
+                assert n <= len(tokens)
+            else:
+                assert n <= 4
         planned.append(plan.g)
         return plan
 

@@ -146,7 +146,9 @@ def test_goodput_is_told_the_slots_of_the_shared_forward():
     )
     scheduler = Scheduler(config, executor)
     told = []
-    scheduler.goodput.observe_step = lambda num_rows, g, seconds, num_prompt_slots=0: told.append(num_prompt_slots)
+    scheduler.goodput.observe_step = lambda num_rows, g, seconds, num_prompt_slots=0, model=True: told.append(
+        num_prompt_slots
+    )
     requests = [
         Request(key="long", prompt_ids=list(range(1, 11)), budget=4, seed=0),
         Request(key="short", prompt_ids=[1, 2], budget=2, seed=1),

@@ -232,19 +232,36 @@ def policy_sequence_distribution(
 ) -> dict[tuple[int, ...], float]:
     """Like speculative_sequence_distribution, with g chosen from the whole history of iterations
     (their block lengths and verdicts), as a scheduler that learns acceptance rates does; g may be 0."""
-    memo: dict[tuple[tuple[int, ...], int], dict] = {}
+
+    def one_proposer(ctx, history):
+        return policy(ctx, tuple((g, tau) for g, tau, _ in history)), "q", q
+
+    return sourced_policy_sequence_distribution(method, p, context, one_proposer, length)
+
+
+# A policy that also picks the proposer: (context so far, ((g, tau, source) of every past iteration))
+# -> (g, source's name, its q table for this context).
+SourcedPolicy = Callable[[tuple[int, ...], tuple[tuple[int, int, str], ...]], tuple[int, str, Table]]
+
+
+def sourced_policy_sequence_distribution(
+    method: str, p: Table, context: tuple[int, ...], policy: SourcedPolicy, length: int
+) -> dict[tuple[int, ...], float]:
+    """Like policy_sequence_distribution, where each iteration's policy also picks what proposes the
+    block (a draft model's q, or a point mass an n-gram lookup names) from the history and context."""
+    memo: dict[tuple[tuple[int, ...], int, str], dict] = {}
     result: dict[tuple[int, ...], float] = defaultdict(float)
 
-    def expand(generated: tuple[int, ...], history: tuple[tuple[int, int], ...], prob: float) -> None:
+    def expand(generated: tuple[int, ...], history: tuple[tuple[int, int, str], ...], prob: float) -> None:
         if len(generated) >= length:
             result[generated[:length]] += prob
             return
         ctx = context + generated
-        g = policy(ctx, history)
-        if (ctx, g) not in memo:
-            memo[(ctx, g)] = iteration_outcomes(method, p, q, ctx, g)
-        for (tau, tokens), tokens_prob in memo[(ctx, g)].items():
-            expand(generated + tokens, history + ((g, tau),), prob * tokens_prob)
+        g, source, q = policy(ctx, history)
+        if (ctx, g, source) not in memo:
+            memo[(ctx, g, source)] = iteration_outcomes(method, p, q, ctx, g)
+        for (tau, tokens), tokens_prob in memo[(ctx, g, source)].items():
+            expand(generated + tokens, history + ((g, tau, source),), prob * tokens_prob)
 
     expand((), (), 1.0)
     return dict(result)

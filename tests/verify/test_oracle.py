@@ -89,6 +89,51 @@ def test_lossless_with_the_goodput_schedule(method):
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
+def test_lossless_with_goodput_choosing_between_ngram_and_model_blocks(method):
+    """The goodput schedule with the n-gram proposer beside the draft: each iteration's g, whether the
+    model drafts, and which block serves the row come from the history (verdicts per proposer, a
+    measured cost model with n-gram-only cells) and the context's n-gram proposal, never from the
+    current block's verdict: still exactly the target's sequence distribution."""
+    from distributed_spec.engine.goodput import GoodputPolicy, GoodputRow, RowAcceptance
+    from distributed_spec.engine.ngram import lookup
+
+    model_seconds = {0: 1.0, 1: 1.6, 2: 2.1, 3: 2.5}
+    ngram_seconds = {1: 1.2, 2: 1.4, 3: 1.6}
+    p = oracle.RandomTable(3, seed=1700, concentration=0.5)
+    q = oracle.RandomTable(3, seed=1800, concentration=0.5)
+    context = (0, 1, 2, 0, 1)
+
+    def policy(ctx, history):
+        goodput = GoodputPolicy(max_draft_len=3, explore_every=0, min_samples=1)
+        for g, seconds in model_seconds.items():
+            goodput.observe_step(1, g, seconds)
+        for g, seconds in ngram_seconds.items():
+            goodput.observe_step(1, g, seconds, model=False)
+        record = RowAcceptance()
+        for g, tau, source in history:
+            goodput.observe_acceptance([g], [tau], [source == "ngram"])
+            record.observe(tau, goodput.predicted_accepted(g, ngram=source == "ngram"))
+        # Bigrams only, so some contexts have no proposal.
+        proposal = tuple(lookup(list(ctx), 3, 2, 2))
+        row = GoodputRow(3, record, len(proposal))
+        g = goodput.choose_step([row], 1)
+        if g > 0 and goodput.ngram_rows([row], g)[0]:
+            block = proposal[: min(g, len(proposal))]
+            return len(block), "ngram", oracle.block_table(3, ctx, block)
+        return (g if goodput.model_drafts else 0), "model", q
+
+    choices = {
+        policy(context + tail, history)[:2]
+        for tail in [(), (2,), (1, 1)]
+        for history in [(), ((2, 0, "ngram"),) * 3 + ((3, 3, "model"),) * 2, ((2, 2, "ngram"), (1, 0, "model"))]
+    }
+    sources = {source for g, source in choices if g > 0}
+    assert sources == {"model", "ngram"} and len(choices) > 2, "the choice must depend on history and context"
+    speculative = oracle.sourced_policy_sequence_distribution(method, p, context, policy, 4)
+    assert oracle.total_variation(speculative, oracle.target_sequence_distribution(p, context, 4)) < 1e-9
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize(("vocab_size", "g"), [(2, 2), (3, 3), (4, 2)])
 def test_lossless_with_point_mass_drafts(method, vocab_size, g):
     """q a point mass at a token chosen from the prefix (a draft that names its tokens): still exact."""
