@@ -18,7 +18,8 @@ fell on it alone, see `turn_order`): autoregressive (the target alone), constant
 the same with the draft's confidence stop (--confidence), and the goodput schedule (max g =
 max(--num-draft-tokens)); with --proposers ngram and/or model+ngram, constant g and goodput again with blocks
 from n-grams (verifier.proposer; `model` among them keeps the draft-model policies); continuous batching, plus static batches for --static-policies at the batch sizes of
---static-batch-sizes. Runtimes: local (the single-process engine), Ray at TP = 1 and 2 as the job
+--static-batch-sizes; --policies NAME... runs only the named ones (e.g. autoregressive goodput
+"goodput model+ngram"). Runtimes: local (the single-process engine), Ray at TP = 1 and 2 as the job
 runs it by default (ray1: the draft inside shard 0; ray2: a draft actor; over --ray-batch-sizes), and
 on request with the draft placed explicitly (parallel.draft_in_shard): ray1-in-shard / ray2-in-shard,
 ray1-draft-actor / ray2-draft-actor. Ratios are tokens/s over autoregressive, mean over seeds.
@@ -145,6 +146,16 @@ def policies(args: argparse.Namespace) -> list[Policy]:
     return result
 
 
+def select_policies(all_policies: list[Policy], names: list[str] | None) -> list[Policy]:
+    """The policies named by --policies, in their own order (None: all); an unknown name is an error."""
+    if not names:
+        return all_policies
+    unknown = sorted(set(names) - {policy.name for policy in all_policies})
+    if unknown:
+        raise SystemExit(f"--policies: no such policy {unknown}; there are {[policy.name for policy in all_policies]}")
+    return [policy for policy in all_policies if policy.name in names]
+
+
 def turn_order(cases: list, seed_index: int) -> list:
     """The cases of one seed in the order they run: rotated left by seed_index, so that across seeds each
     policy takes different places in the turns instead of one policy always running first or last."""
@@ -161,7 +172,7 @@ def run_grid(args: argparse.Namespace, work: Path) -> list[Measurement]:
     write_records(input_path, args.num_records)
     b1_path = work / "records_b1.jsonl"
     write_records(b1_path, min(args.records_at_b1, args.num_records))
-    all_policies = policies(args)
+    all_policies = select_policies(policies(args), args.policies)
     measurements: list[Measurement] = []
     for runtime in args.runtimes:
         job = base_job(args, runtime, input_path)
@@ -406,6 +417,10 @@ def main(argv: list[str] | None = None) -> None:
         help="verifier.proposer of the drafting policies: each besides model adds fixed-g and goodput policies",
     )
     parser.add_argument("--runtimes", nargs="+", default=["local", "ray1", "ray2"], choices=RUNTIMES)
+    parser.add_argument(
+        "--policies", nargs="+", metavar="NAME",
+        help="run only these of the policies the other flags make (e.g. autoregressive goodput 'goodput model+ngram')",
+    )
     parser.add_argument("--static-batch-sizes", type=int, nargs="*", default=[16])
     parser.add_argument("--static-policies", nargs="*", default=["autoregressive", "goodput"])
     parser.add_argument("--dtype", default="bfloat16")

@@ -144,3 +144,13 @@ def test_every_runtime_composes_the_job_it_names(tmp_path):
         assert job.parallel.draft_in_shard == {"in-shard": True, "draft-actor": False}.get(
             runtime.partition("-")[2], "auto"
         )
+
+
+def test_policies_picks_the_named_ones_and_refuses_an_unknown_name():
+    args = SimpleNamespace(num_draft_tokens=[2, 4], confidence=0.0, proposers=["model", "model+ngram"])
+    every = bench_throughput.policies(args)
+    chosen = bench_throughput.select_policies(every, ["goodput model+ngram", "autoregressive"])
+    assert [policy.name for policy in chosen] == ["autoregressive", "goodput model+ngram"]
+    assert bench_throughput.select_policies(every, None) == every
+    with pytest.raises(SystemExit, match="no such policy"):
+        bench_throughput.select_policies(every, ["g=3"])
