@@ -45,8 +45,9 @@ def steady_steps(monkeypatch):
 @pytest.fixture
 def scripted_goodput(monkeypatch):
     """Replace the goodput schedule's choice with a script: `scripted_goodput(pattern, probe_rows)`,
-    pattern[i] = (g, measuring) for step i + 1 (measuring: the scheduler lets only probe_rows rows
-    draft). Returns the list the debt offered at each step is appended to."""
+    pattern[i] = (g, measuring) or (g, measuring, model_drafts) for step i + 1 (measuring: the
+    scheduler lets only probe_rows rows draft; model_drafts False: n-gram blocks alone, default True).
+    Returns the list the debt offered at each step is appended to."""
     from distributed_spec.engine.goodput import GoodputPolicy
 
     debts = []
@@ -55,7 +56,8 @@ def scripted_goodput(monkeypatch):
         def scripted(self, rows, num_rows, debt_per_token=0.0):
             self.num_steps += 1
             debts.append(debt_per_token)
-            g, self.measuring = pattern[self.num_steps - 1]
+            g, self.measuring, *model_drafts = pattern[self.num_steps - 1]
+            self.model_drafts = model_drafts[0] if model_drafts else True
             return g
 
         monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)

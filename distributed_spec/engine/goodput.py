@@ -518,7 +518,7 @@ class GoodputPolicy:
     def _climb(
         self, rows: list[GoodputRow], num_rows: int, model: bool, longest: int, debt_per_token: float
     ) -> tuple[int | None, list[int]]:
-        """The probe of one kind of step: (a g to measure now, None) or (None, the g >= 1 to choose
+        """The probe of one kind of step: (a g to measure now, []) or (None, the g >= 1 to choose
         from). g is measured (min_samples steps at this batch size) only while goodput still rises
         from g - 2 to g - 1: goodput in g rises to one peak and falls, so past a fall the longer
         blocks, the dearest steps to probe, are not tried at this batch size."""

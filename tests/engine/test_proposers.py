@@ -6,8 +6,6 @@ cache stays in step with the rows whose blocks came from n-grams.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -136,7 +134,9 @@ class RecordingRunner(ModelRunner):
 
 
 @pytest.mark.parametrize("draft_len_schedule", ["constant", "goodput"])
-def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_steps, monkeypatch, draft_len_schedule):
+def test_draft_cache_holds_every_kept_token_with_ngram_rows(
+    tiny_pair, steady_steps, scripted_goodput, monkeypatch, draft_len_schedule
+):
     """After every step, per decoding row: the draft's kept slots + its pending input = prompt + output
     (the invariant of sides.py), with blocks from n-grams, from the model, and steps without the model.
     Under goodput the choices are scripted (g, whether the model drafts; every row with a proposal
@@ -144,15 +144,7 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(tiny_pair, steady_st
     if draft_len_schedule == "goodput":
         from distributed_spec.engine.goodput import GoodputPolicy
 
-        pattern = itertools.cycle([(3, True), (0, False), (2, False), (3, True), (1, True)])
-
-        def scripted(self, rows, num_rows, debt_per_token=0.0):
-            self.num_steps += 1
-            self.measuring = False
-            g, self.model_drafts = next(pattern)
-            return g
-
-        monkeypatch.setattr(GoodputPolicy, "choose_step", scripted)
+        scripted_goodput([(3, False, True), (0, False, False), (2, False, False), (3, False, True), (1, False, True)] * 200)
         monkeypatch.setattr(GoodputPolicy, "ngram_rows", lambda self, rows, g: [row.max_ngram > 0 for row in rows])
     target, draft = tiny_pair
     config = EngineConfig(
