@@ -322,6 +322,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
                 if r["policy"] == "autoregressive"
                 or (not r["policy"].startswith("goodput") and proposer_of(r["policy"]) == proposer)
             ]
+            if not others:
+                continue  # run alone (--policies): nothing to compare it with
             best = max(others, key=lambda r: r["ratio"])
             goodput_over_best.append(goodput["ratio"] / best["ratio"])
             over_best = goodput_over_best[-1]

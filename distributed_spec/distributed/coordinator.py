@@ -459,6 +459,7 @@ class RayCoordinator:
             num_draft_tokens=result.num_draft_tokens,
             target_s=result.target_s,
             verify_s=result.verify_s,
+            draft_own_s=result.draft_own_s,
             prefill_s=result.prefill_s,
             num_prefill_apart_tokens=result.num_prefill_apart_tokens,
             catch_up_s=result.catch_up_s,

@@ -98,6 +98,9 @@ class StepResult(PickledAsNumpy):
     # Copied from the draft block: seconds the draft spent on it, and whether it was drafted ahead.
     draft_s: float = 0.0
     from_overlap: bool = False
+    # Of draft_s, the forwards for this block (not the work owed by earlier steps; 0 when drafted
+    # ahead, hidden behind the last step): StepOutcome.draft_own_s.
+    draft_own_s: float = 0.0
     # Bytes of the draft block as it reached rank 0 (the other ranks get the ids only); with
     # parallel.verify=vocab_parallel, of every shard's block together (each holds its slice of q).
     num_wire_bytes: int = 0

@@ -197,6 +197,7 @@ class TargetShard:
             verify_s=time.perf_counter() - scored,
             draft_s=block.draft_s,
             from_overlap=block.from_overlap,
+            draft_own_s=0.0 if block.from_overlap else max(block.draft_s - block.owed_s, 0.0),
             num_wire_bytes=block.group_wire_bytes or block.num_wire_bytes,
             num_draft_calls=block.num_draft_calls,
             num_target_calls=self.runner.num_forward_calls,

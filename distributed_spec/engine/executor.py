@@ -99,6 +99,9 @@ class StepOutcome:
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
+    # Of draft_s, the draft's forwards for this step's block (not its catch-up or prompts fed apart):
+    # what a step of n-gram blocks alone would not spend (goodput prices those steps from it).
+    draft_own_s: float = 0.0
     # Seconds and prompt tokens of the forwards that fed joining rows apart from the block
     # (ModelRunner.prefill_apart_s: target and draft) and of the draft's catch-up forwards
     # (DraftSide.catch_up_s): work owed by earlier steps, which the goodput schedule takes off.
@@ -244,7 +247,9 @@ class LocalExecutor:
         draft_ids = torch.zeros(plan.num_rows, 0, dtype=torch.long, device=self.device)
         draft_probs = None
         num_model_drafts = plan.num_model_drafts
+        draft_own_s = 0.0
         if num_model_drafts > 0:
+            own_start, apart_before = time.perf_counter(), draft.runner.prefill_apart_s
             with watch.section("draft"):
                 draft_ids, draft_probs, num_drafted = draft.propose(
                     num_model_drafts,
@@ -254,6 +259,7 @@ class LocalExecutor:
                     confidence_threshold=options.draft_confidence_threshold,
                     draft_rows=plan.draft_rows,
                 )
+            draft_own_s = time.perf_counter() - own_start - (draft.runner.prefill_apart_s - apart_before)
             # A confidence stop may end the block early: g' <= g columns, n[b] <= g' per row.
             num_drafted = num_drafted.to(self.device)
             if plan.from_ngram is not None:
@@ -297,7 +303,9 @@ class LocalExecutor:
                     num_model_drafts,
                     plan.draft_rows if num_model_drafts > 0 else None,
                 )
-        return self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
+        outcome = self._outcome(watch, prefill_before, accepted_counts, next_tokens, draft_ids, num_draft_tokens)
+        outcome.draft_own_s = draft_own_s
+        return outcome
 
     def _prefill_counters(self) -> tuple[float, int, float, int]:
         """Work owed by earlier steps so far: (seconds, target prompt tokens) fed apart, both models'

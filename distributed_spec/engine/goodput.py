@@ -96,6 +96,9 @@ class _Cell:
     last_step: int
     # The first steps, (net seconds, prompt slots): the mean starts as their median.
     first_steps: list[tuple[float, float]] = field(default_factory=list)
+    # Of a model cell: the running share of its steps' seconds the draft's forwards for the block
+    # took (what an n-gram step of the same g skips; None: not reported).
+    draft_share: float | None = None
 
 
 class StepCostModel:
@@ -166,12 +169,23 @@ class StepCostModel:
         return max(self._within_xy / self._within_xx, 0.0)
 
     def observe(
-        self, num_rows: int, g: int, seconds: float, step: int, num_prompt_slots: int = 0, model: bool = True
+        self,
+        num_rows: int,
+        g: int,
+        seconds: float,
+        step: int,
+        num_prompt_slots: int = 0,
+        model: bool = True,
+        draft_seconds: float | None = None,
     ) -> None:
         """A step's wall clock; num_prompt_slots: rows x the longest prompt chunk it fed (0: none);
-        model: whether the draft model drafted in it (False: n-gram blocks only)."""
+        model: whether the draft model drafted in it (False: n-gram blocks only); draft_seconds: of
+        those, the draft's forwards for the block (None: not measured)."""
         key = cell_key(num_rows, g, model)
         cell = self.cells.get(key)
+        if key[2] and draft_seconds is not None:
+            share = min(max(draft_seconds / max(seconds, 1e-9), 0.0), 1.0)
+            self._observe_draft_share(cell, share)
         if cell is not None and step - cell.last_step <= self.fresh_steps:
             expected = self.seconds(cell) + self.seconds_per_prompt_slot * num_prompt_slots
             surprise = math.log(max(seconds, 1e-9) / max(expected, 1e-9))
@@ -179,6 +193,8 @@ class StepCostModel:
         net = seconds / math.exp(self.log_drift)
         if cell is None:
             self.cells[key] = _Cell(net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))])
+            if key[2] and draft_seconds is not None:
+                self.cells[key].draft_share = share
             return
         dx = num_prompt_slots - cell.mean_prompt_slots
         if cell.count >= self.robust_samples:
@@ -198,6 +214,15 @@ class StepCostModel:
             cell.mean_seconds = self._median_of_first_steps(cell)
         cell.count += 1
         cell.last_step = step
+
+    def _observe_draft_share(self, cell: _Cell | None, share: float) -> None:
+        """A running mean of the draft's share of a model cell's steps (the cell's own rate)."""
+        if cell is None:
+            return
+        if cell.draft_share is None:
+            cell.draft_share = share
+            return
+        cell.draft_share += max(1.0 / (cell.count + 1), self.smoothing) * (share - cell.draft_share)
 
     def _median_of_first_steps(self, cell: _Cell) -> float:
         """The median of a cell's first steps, each moved to the cell's mean prompt load (with c as
@@ -231,14 +256,16 @@ class StepCostModel:
         return max([seconds, *shorter])
 
     def _predict_cell(self, key: tuple[int, int, bool]) -> float | None:
-        """The cell's own estimate, or one from the nearest batch size that measured its (g, kind)."""
+        """The cell's own estimate, or one from the nearest batch size that measured its (g, kind); an
+        n-gram step never measured at any batch size is the model's step of its g without the draft's
+        share (`_without_draft`)."""
         cell = self.cells.get(key)
         if cell is not None:
             return self.seconds(cell)
         num_rows, g, model = key
         others = [rows for (rows, width, drafts) in self.cells if (width, drafts) == (g, model)]
         if not others:
-            return None
+            return None if model or g == 0 else self._without_draft(num_rows, g)
         nearest = min(others, key=lambda rows: (abs(math.log(rows / num_rows)), rows))
         base = self.seconds(self.cells[(nearest, g, model)])
         shared = [
@@ -251,6 +278,21 @@ class StepCostModel:
             return base
         width, drafts = min(shared, key=lambda kind: (abs(kind[0] - g), kind[1] != model))
         return base * self.seconds(self.cells[(num_rows, width, drafts)]) / self.seconds(self.cells[(nearest, width, drafts)])
+
+
+    def _without_draft(self, num_rows: int, g: int) -> float | None:
+        """An n-gram step of width g priced as the model's step of that g less the draft's share of it
+        (measured in the model's cell at this batch size, or at the nearest one that has it): the
+        target's forward is [B, g + 1] in both. Without it each kind of step needed its own probe, two
+        steps at each g that cost what a model step does at a large batch, where n-gram blocks seldom
+        pay either (docs/RESULTS.md)."""
+        model_seconds = self._predict_cell((num_rows, g, True))
+        shares = [(rows, cell.draft_share) for (rows, width, drafts), cell in self.cells.items()
+                  if drafts and width == g and cell.draft_share is not None]
+        if model_seconds is None or not shares:
+            return None
+        _, share = min(shares, key=lambda item: (abs(math.log(item[0] / num_rows)), item[0]))
+        return model_seconds * (1.0 - share)
 
 
 class CatchUpCost:
@@ -580,11 +622,17 @@ class GoodputPolicy:
         return key
 
     def observe_step(
-        self, num_rows: int, g: int, seconds: float, num_prompt_slots: int = 0, model: bool = True
+        self,
+        num_rows: int,
+        g: int,
+        seconds: float,
+        num_prompt_slots: int = 0,
+        model: bool = True,
+        draft_seconds: float | None = None,
     ) -> None:
         """Wall-clock seconds of a step; num_prompt_slots: rows x the longest prompt chunk it fed;
-        model: whether the draft model drafted in it."""
-        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prompt_slots, model)
+        model: whether the draft model drafted in it; draft_seconds: its forwards for the block."""
+        self.cost.observe(num_rows, g, seconds, self.num_steps, num_prompt_slots, model, draft_seconds)
 
     def observe_catch_up(self, seconds: float, num_tokens: int) -> None:
         """A step's catch-up forwards of the draft: seconds and the tokens they fed."""

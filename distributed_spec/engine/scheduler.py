@@ -379,7 +379,13 @@ class Scheduler:
     def _next_g_guess(
         self, rows: list[Request], scheduled_num_draft_tokens: list[int], num_draft_tokens: list[int], g: int
     ) -> int:
-        """The next step's g if every row keeps its whole block and none finishes early."""
+        """The draft model's g in the next step if every row keeps its whole block and none finishes
+        early (> 0: the draft catches up in a step it does not draft in, executor.py). Under goodput,
+        0 after a step without the draft model: the schedule takes the same kind of step again until it
+        explores, and an n-gram step whose rows had blocks made the draft catch up the whole batch
+        (prompts of rows that joined) for a next step that did not use it either."""
+        if self.goodput is not None and not self.goodput.model_drafts:
+            return 0
         guesses = []
         for request, scheduled, num_drafts in zip(rows, scheduled_num_draft_tokens, num_draft_tokens):
             left = request.remaining - num_drafts - 1
@@ -481,4 +487,5 @@ class Scheduler:
             plan.num_prompt_slots_apart if fed_apart else plan.num_prompt_slots,
             # An n-gram-only step (the draft model idle) is priced in cells of its own.
             model=self.config.verifier.uses_draft_model and plan.num_model_drafts > 0,
+            draft_seconds=outcome.draft_own_s,
         )

@@ -329,6 +329,61 @@ def test_ngram_only_steps_are_priced_in_cells_of_their_own():
     assert abs(model.predict(4, 2, model=False) - 0.092) < 1e-6
 
 
+def test_an_unmeasured_ngram_step_is_the_models_step_without_the_drafts_share():
+    """Never measured at any B, an n-gram step of width g costs the model's step of that g less the
+    share the draft's forwards took of it (the target's [B, g + 1] forward is in both); once measured,
+    its own cell."""
+    model = StepCostModel()
+    for step in range(4):
+        model.observe(16, 0, 0.040, step=2 * step)
+        model.observe(16, 1, 0.070, step=2 * step + 1, draft_seconds=0.007)
+    assert abs(model.predict(16, 1, model=False) - 0.063) < 1e-6
+    # From the nearest B that measured the model's g (scaled by the plain steps), with its share.
+    model.observe(32, 0, 0.080, step=10)
+    assert abs(model.predict(32, 1, model=False) - 0.126) < 1e-6
+    # No share reported (or no model cell of that g): unknown, so the probe measures it.
+    assert model.predict(16, 2, model=False) is None
+    for step in range(2):
+        model.observe(16, 1, 0.050, step=20 + step, model=False)
+    assert abs(model.predict(16, 1, model=False) - 0.050) < 1e-6
+
+
+def _batch_steps(num_steps, verify_seconds):
+    """goodput over B = 16 rows, half with a 3-token n-gram proposal each step. A step costs 40 ms
+    at g = 0, verify_seconds more per draft token, and the model's blocks 7 ms per token on top; n-gram
+    blocks keep half their first token, the model's a third. Returns (g, model_drafts) per step."""
+    policy = GoodputPolicy(max_draft_len=3)
+    rng = random.Random(3)
+    records = [RowAcceptance() for _ in range(16)]
+    steps = []
+    for _ in range(num_steps):
+        rows = [(8, record, 3 * (index % 2)) for index, record in enumerate(records)]
+        g = policy.choose_step(rows, 16)
+        model = policy.model_drafts
+        steps.append((g, model))
+        use_ngram = policy.ngram_rows(rows, g)
+        drafts = [min(g, 3) if ngram else (min(g, 8) if model else 0) for ngram in use_ngram]
+        kept = [int(n > 0 and rng.random() < (0.5 if ngram else 0.33)) for n, ngram in zip(drafts, use_ngram)]
+        policy.observe_acceptance(drafts, kept, use_ngram)
+        seconds = 0.040 + verify_seconds * g
+        if model and g > 0:
+            policy.observe_step(16, g, seconds + 0.007 * g, draft_seconds=0.007 * g)
+        else:
+            policy.observe_step(16, g, seconds, model=False)
+    return steps
+
+
+def test_no_ngram_probe_where_the_models_step_shows_it_cannot_pay():
+    """At a large batch the model's g = 1 step already prices the n-gram one (less the draft's share):
+    where that cannot pay, no step measures it (the probe took two such steps per g, each dearer than
+    the rows it served: B = 16 and 32 in docs/RESULTS.md). Where it pays, goodput takes it."""
+    steps = _batch_steps(120, verify_seconds=0.023)
+    assert not any(g > 0 and not model for g, model in steps)
+    # Verification at 4 ms a token: an n-gram step (44 ms for 16 + 8 x 0.5 tokens) beats a plain one.
+    steps = _batch_steps(120, verify_seconds=0.004)
+    assert sum(g > 0 and not model for g, model in steps) > 100
+
+
 def test_acceptance_is_kept_per_proposer():
     """Verdicts of n-gram blocks and of the model's blocks go to their own rates."""
     policy = GoodputPolicy(max_draft_len=2)

@@ -194,6 +194,44 @@ def test_draft_cache_holds_every_kept_token_with_ngram_rows(
     assert scheduler.stats.extra["proposer/model_steps"] < scheduler.stats.num_target_calls
 
 
+def test_steps_of_ngram_blocks_alone_leave_the_draft_idle(
+    tiny_pair, autoregressive_outputs, steady_steps, scripted_goodput, monkeypatch
+):
+    """Under goodput a step of n-gram blocks alone runs no draft forward, not even a catch-up for a
+    next step (the schedule repeats its kind of step until it explores): it caught the whole batch up
+    after each such step, for nothing while the next was one too. The draft catches up before the
+    next model step, and greedy output is unchanged."""
+    from distributed_spec.engine.goodput import GoodputPolicy
+
+    # (g, measuring, model_drafts): n-gram steps, then the model drafts, then n-gram steps again.
+    scripted_goodput([(2, False, False)] * 6 + [(2, False, True)] * 2 + [(3, False, False)] * 6 + [(2, False, True)] * 200)
+    monkeypatch.setattr(GoodputPolicy, "ngram_rows", lambda self, rows, g: [row.max_ngram > 0 for row in rows])
+    target, draft = tiny_pair
+    config = EngineConfig(
+        verifier=VerifierConfig(method="block", draft_len_schedule="goodput", max_draft_len=3, proposer="model+ngram"),
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS),
+        max_batch_size=3,
+    )
+    engine = SpeculativeEngine(target, draft, config)
+    steps = []
+    execute = engine.executor.execute
+
+    def recording_execute(plan):
+        outcome = execute(plan)
+        steps.append((plan, engine.executor.draft.runner.num_forward_calls))
+        return outcome
+
+    engine.executor.execute = recording_execute
+    results = engine.generate(PROMPTS)
+    assert [result.token_ids for result in results] == autoregressive_outputs
+    calls = [count for _, count in steps]
+    # Each run of n-gram steps verified blocks (a step with none is a g = 0 step) and ran no draft.
+    assert any(plan.from_ngram.any() for plan, _ in steps[:6]) and any(plan.from_ngram.any() for plan, _ in steps[8:14])
+    assert calls[:6] == [0] * 6 and calls[8:14] == [calls[7]] * 6
+    # The model steps drafted (and caught up first).
+    assert calls[6] > 0 and calls[14] > calls[13]
+
+
 @pytest.mark.parametrize("proposer", ["ngram", "model+ngram"])
 def test_goodput_sees_and_keeps_each_rows_ngram_limit(tiny_pair, steady_steps, proposer):
     """The goodput schedule is offered, per row, its two limits: the draft model's (its budget; none

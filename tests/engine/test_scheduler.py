@@ -146,7 +146,7 @@ def test_goodput_is_told_the_slots_of_the_shared_forward():
     )
     scheduler = Scheduler(config, executor)
     told = []
-    scheduler.goodput.observe_step = lambda num_rows, g, seconds, num_prompt_slots=0, model=True: told.append(
+    scheduler.goodput.observe_step = lambda num_rows, g, seconds, num_prompt_slots=0, model=True, draft_seconds=None: told.append(
         num_prompt_slots
     )
     requests = [

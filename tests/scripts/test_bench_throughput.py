@@ -39,6 +39,13 @@ def test_goodput_is_compared_with_the_fixed_g_policies_of_its_own_proposer():
     assert bench_throughput.proposer_of("g=3 ngram") == "ngram" and bench_throughput.proposer_of("goodput") == "model"
 
 
+def test_a_goodput_run_alone_is_reported_without_a_comparison():
+    # --policies goodput: no autoregressive or fixed-g run in the cell to compare it with.
+    text = bench_throughput.markdown([_row("goodput", float("nan"))], SimpleNamespace(argv=[]))
+    assert "| local | 0 | 4 | goodput | continuous |" in text
+    assert "goodput / best >=" not in text
+
+
 def _measurement(
     runtime: str, batch_size: int, seed: int, tokens_per_s: float, policy: str = "autoregressive"
 ) -> bench_throughput.Measurement:
