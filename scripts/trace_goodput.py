@@ -2,6 +2,7 @@
 
     python -m scripts.trace_goodput --batch-size 16 --temperature 0 --num-records 64
     python -m scripts.trace_goodput --batch-size 16 --idle-draft --repeats 3 --no-trace
+    python -m scripts.trace_goodput --batch-size 16 --proposer model+ngram --seed 1
 
 The job is bench_throughput's (the same length-skewed records, bf16, --runtime local or Ray, goodput up to
 --max-draft-len), run beside the autoregressive job on the same loaded pair, taking turns
@@ -12,7 +13,11 @@ prior) and their means, the rows' mean own factor, and the draft's debt as price
 predicted seconds over the measured ones for full-batch steps without prompts: what
 docs/RESULTS.md's diagnosis of goodput at B = 16 reads. --idle-draft adds a third job: goodput's
 choice replaced by g = 0 at every step, so the draft is loaded but never drafts; its tokens/s over
-the autoregressive job's is what merely having the draft costs.
+the autoregressive job's is what merely having the draft costs. --proposer model+ngram runs goodput
+with n-gram blocks beside the draft: each step then says its kind (model, n-gram blocks alone, or
+plain), and the end sums, per kind of drafting step, the tokens goodput expected it to keep against
+those kept, and counts the steps in which the draft caught up (its forwards for work owed by earlier
+steps) with their seconds.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-draft", action="store_true", help="also run goodput held at g = 0")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-trace", action="store_true", help="print tokens/s only")
+    parser.add_argument("--proposer", default="model", choices=("model", "model+ngram"), help="verifier.proposer of goodput")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -63,17 +69,36 @@ def main(argv: list[str] | None = None) -> None:
         factor = sum(row[1].factor() for row in rows) / max(len(rows), 1)
         # The draft's debt priced per token a drafting step makes (goodput.py: c_catch x sum D_r / R_r).
         debt_ms = policy.catch_up.seconds_per_token * debt_per_token * 1e3
-        optimistic, rates = policy.acceptance.rates(policy.optimism), policy.acceptance.rates()
-        trace.append((num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms))
+        optimistic = policy.acceptance.rates(policy.optimism, policy.optimistic_positions)
+        rates = policy.acceptance.rates()
+        kind = "plain" if g == 0 else "model" if policy.model_drafts else "n-gram"
+        trace.append((num_rows, g, kind, seconds, tokens, optimistic, rates, factor, debt_ms))
+        # Draft tokens the chosen step is expected to keep (the optimistic prior included).
+        expected[0] = (kind, policy.expected_tokens(rows, g, policy.model_drafts) - len(rows))
         return g
 
     GoodputPolicy.choose_step = traced
     # Each step's predicted seconds T(B, g) against its measured ones (prompt forwards run apart taken
     # off), for full-batch steps that fed no prompt: how well goodput's cost model predicts its steps.
     checks = []
+    # Per kind of step: [steps, draft tokens expected to be kept, kept]; and the draft's catch-ups.
+    kept_by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0])
+    catch_ups = [0, 0.0, 0]
+    expected: list[tuple[str, float] | None] = [None]
     observe = Scheduler._observe
 
     def checked(scheduler, rows, plan, outcome, seconds):
+        if scheduler.goodput is not None and expected[0] is not None:
+            kind, tokens = expected[0]
+            counts = kept_by_kind[kind]
+            counts[0] += 1
+            counts[1] += tokens
+            counts[2] += int(outcome.accepted_counts[plan.decoding].sum())
+            expected[0] = None
+            if outcome.num_catch_up_tokens > 0:
+                catch_ups[0] += 1
+                catch_ups[1] += outcome.catch_up_s
+                catch_ups[2] += outcome.num_catch_up_tokens
         if scheduler.goodput is not None and plan.num_prompt_slots == 0 and len(rows) == args.batch_size:
             predicted = scheduler.goodput.cost.predict(len(rows), plan.g, model=plan.num_model_drafts > 0)
             if predicted is not None:
@@ -91,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
             sampling=replace(job.sampling, temperature=args.temperature, seed=args.seed),
             data=replace(job.data, batch_size=args.batch_size),
         )
-        goodput = Policy("goodput", draft_len_schedule="goodput", g=1, max_draft_len=args.max_draft_len)
+        goodput = Policy(
+            "goodput", draft_len_schedule="goodput", g=1, max_draft_len=args.max_draft_len, proposer=args.proposer
+        )
         autoregressive = Policy("autoregressive", method="autoregressive", g=1, max_draft_len=1)
         runs = [("autoregressive", autoregressive, False), ("goodput", goodput, False)]
         if args.idle_draft:
@@ -103,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
                 if name == "goodput":
                     trace.clear()  # the last repeat's steps are printed
                     checks.clear()
+                    kept_by_kind.clear()
+                    catch_ups[:] = [0, 0.0, 0]
                 out = work / f"out-{repeat}-{len(results[name])}-{idle}-{name[:4]}"
                 summary = measure(generator, replace(job, verifier=policy.verifier()), out)
                 results[name].append(summary["tokens_per_s"])
@@ -113,15 +142,20 @@ def main(argv: list[str] | None = None) -> None:
         return "-" if value is None else f"{value * 1e3:.1f}"
 
     if not args.no_trace:
-        print("B  g  | T(B, g) ms per g | tokens per row per g | rates (optimistic) | rates (mean) | row factor | debt ms")
-        for num_rows, g, seconds, tokens, optimistic, rates, factor, debt_ms in trace:
+        print("B  g  kind   | T(B, g) ms per g (model) | tokens per row per g | rates (optimistic) | rates (mean) | row factor | debt ms")
+        for num_rows, g, kind, seconds, tokens, optimistic, rates, factor, debt_ms in trace:
             print(
-                f"{num_rows:<2} {g}  | {' '.join(ms(value) for value in seconds)} | "
+                f"{num_rows:<2} {g}  {kind:<6} | {' '.join(ms(value) for value in seconds)} | "
                 f"{' '.join(f'{value:.2f}' for value in tokens)} | {' '.join(f'{r:.2f}' for r in optimistic)} | "
                 f"{' '.join(f'{r:.2f}' for r in rates)} | {factor:.2f} | {debt_ms:.1f}"
             )
         steps = collections.Counter((num_rows, g) for num_rows, g, *_ in trace)
         print("steps per (B, g):", dict(sorted(steps.items())))
+        for kind in ("model", "n-gram"):
+            if kind in kept_by_kind:
+                num_steps, tokens, kept = kept_by_kind[kind]
+                print(f"{kind} steps: {num_steps}, draft tokens expected kept {tokens:.1f}, kept {kept}")
+        print(f"steps in which the draft caught up: {catch_ups[0]} ({catch_ups[1]:.2f} s, {catch_ups[2]} tokens)")
         print(f"goodput steps per g (last repeat): {steps_per_g}")
         for width in sorted({g for g, _ in checks}):
             ratios = [ratio for g, ratio in checks if g == width]

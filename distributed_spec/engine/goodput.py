@@ -65,9 +65,12 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   `GoodputRow` (its model limit and the length of its n-gram proposal). The n-gram blocks' verdicts
   have rates of their own (`ngram_acceptance`: a point mass keeps its token with the target's
   probability of it), and a step of n-gram blocks alone (no draft forward) has cost cells of its own,
-  (B, g, False) beside the model's (B, g, True). The options are g = 0, (g, the model drafts) and
-  (g, n-gram blocks alone), each kind with its own climbing probe; in a model step each row with a
-  proposal takes whichever block it is expected to keep more of (`ngram_rows`).
+  (B, g, False) beside the model's (B, g, True). Until one is measured at some batch size, it is
+  priced as the model's step of its g less the draft's measured share of it (`StepCostModel.
+  _without_draft`), so no probe measures an n-gram step that cannot pay. The options are g = 0,
+  (g, the model drafts) and (g, n-gram blocks alone), each kind with its own climbing probe (which
+  skips a g priced so); in a model step each row with a proposal takes whichever block it is expected to keep more of
+  (`ngram_rows`).
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms, and on the rows' n-gram proposals (functions of
@@ -279,7 +282,6 @@ class StepCostModel:
         width, drafts = min(shared, key=lambda kind: (abs(kind[0] - g), kind[1] != model))
         return base * self.seconds(self.cells[(num_rows, width, drafts)]) / self.seconds(self.cells[(nearest, width, drafts)])
 
-
     def _without_draft(self, num_rows: int, g: int) -> float | None:
         """An n-gram step of width g priced as the model's step of that g less the draft's share of it
         (measured in the model's cell at this batch size, or at the nearest one that has it): the
@@ -287,8 +289,11 @@ class StepCostModel:
         steps at each g that cost what a model step does at a large batch, where n-gram blocks seldom
         pay either (docs/RESULTS.md)."""
         model_seconds = self._predict_cell((num_rows, g, True))
-        shares = [(rows, cell.draft_share) for (rows, width, drafts), cell in self.cells.items()
-                  if drafts and width == g and cell.draft_share is not None]
+        shares = [
+            (rows, cell.draft_share)
+            for (rows, width, drafts), cell in self.cells.items()
+            if drafts and width == g and cell.draft_share is not None
+        ]
         if model_seconds is None or not shares:
             return None
         _, share = min(shares, key=lambda item: (abs(math.log(item[0] / num_rows)), item[0]))

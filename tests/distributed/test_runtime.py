@@ -223,6 +223,38 @@ def test_goodput_probe_rows_replay_the_engine_exactly(tp2, scripted_goodput, pro
     assert tp2.timings.num_draft_steps_held >= 4
 
 
+def test_ngram_steps_leave_the_draft_actor_idle(tp2, scripted_goodput, monkeypatch):
+    """Under goodput a step of n-gram blocks alone is held back like a g = 0 step (no call to the
+    draft actor, no catch-up for a next step that is one too), and a step the model drafts in tells
+    goodput its draft's own seconds (what an n-gram step of that g skips). Sampled output equals the
+    engine's."""
+    from distributed_spec.engine.goodput import GoodputPolicy
+
+    tp2.runtime = RUNTIME
+    scripted_goodput([(2, False, False)] * 6 + [(2, False, True)] * 2 + [(2, False, False)] * 6 + [(2, False, True)] * 200)
+    monkeypatch.setattr(GoodputPolicy, "ngram_rows", lambda self, rows, g: [row.max_ngram > 0 for row in rows])
+    told = []
+    observe_step = GoodputPolicy.observe_step
+
+    def recording(self, num_rows, g, seconds, num_prompt_slots=0, model=True, draft_seconds=None):
+        told.append((g, model, draft_seconds))
+        return observe_step(self, num_rows, g, seconds, num_prompt_slots, model, draft_seconds)
+
+    monkeypatch.setattr(GoodputPolicy, "observe_step", recording)
+    tp2.config = engine_replace(
+        SAMPLED_REPEATS, proposer="model+ngram", draft_len_schedule="goodput", max_draft_len=3, max_batch_size=4
+    )
+    results = tp2.generate(REPEATING_PROMPTS)
+    told_by_engine = len(told)
+    reference, _ = engine_results(tp2.config, REPEATING_PROMPTS)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    # Both runs of n-gram steps were held: none reached the draft actor on its own.
+    assert tp2.timings.num_draft_steps_held >= 12
+    ray_told = told[:told_by_engine]
+    assert all(draft_seconds > 0 for g, model, draft_seconds in ray_told if model and g > 0)
+    assert all(draft_seconds == 0 for g, model, draft_seconds in ray_told if not model)
+
+
 def test_held_steps_are_capped_and_replayed(tp2, scripted_goodput, monkeypatch):
     tp2.runtime = RUNTIME
     assert_held_steps_are_capped_and_replayed(tp2, scripted_goodput, monkeypatch)
