@@ -69,8 +69,8 @@ goodput(g) = sum over decoding rows of E[tokens of the row | g] / T(B, g), for g
   priced as the model's step of its g less the draft's measured share of it (`StepCostModel.
   _without_draft`), so no probe measures an n-gram step that cannot pay. The options are g = 0,
   (g, the model drafts) and (g, n-gram blocks alone), each kind with its own climbing probe (which
-  skips a g priced so); in a model step each row with a proposal takes whichever block it is expected to keep more of
-  (`ngram_rows`).
+  skips a g priced so); in a model step each row with a proposal takes whichever block it is
+  expected to keep more of (`ngram_rows`).
 
 Exact for every verifier: the choice depends on past steps only (their timings and verdicts), never
 on the current block's target probabilities or uniforms, and on the rows' n-gram proposals (functions of
@@ -186,18 +186,18 @@ class StepCostModel:
         those, the draft's forwards for the block (None: not measured)."""
         key = cell_key(num_rows, g, model)
         cell = self.cells.get(key)
+        share = None
         if key[2] and draft_seconds is not None:
             share = min(max(draft_seconds / max(seconds, 1e-9), 0.0), 1.0)
-            self._observe_draft_share(cell, share)
         if cell is not None and step - cell.last_step <= self.fresh_steps:
             expected = self.seconds(cell) + self.seconds_per_prompt_slot * num_prompt_slots
             surprise = math.log(max(seconds, 1e-9) / max(expected, 1e-9))
             self.log_drift += self.drift_rate * min(max(surprise, -self.max_drift_step), self.max_drift_step)
         net = seconds / math.exp(self.log_drift)
         if cell is None:
-            self.cells[key] = _Cell(net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))])
-            if key[2] and draft_seconds is not None:
-                self.cells[key].draft_share = share
+            self.cells[key] = _Cell(
+                net, float(num_prompt_slots), 1, step, [(net, float(num_prompt_slots))], draft_share=share
+            )
             return
         dx = num_prompt_slots - cell.mean_prompt_slots
         if cell.count >= self.robust_samples:
@@ -212,20 +212,14 @@ class StepCostModel:
         rate = max(1.0 / (cell.count + 1), self.smoothing)
         cell.mean_prompt_slots += rate * dx
         cell.mean_seconds += rate * dy
+        if share is not None:
+            # The draft's share moves at the cell's own rate.
+            cell.draft_share = share if cell.draft_share is None else cell.draft_share + rate * (share - cell.draft_share)
         if cell.count < self.robust_samples:
             cell.first_steps.append((net, float(num_prompt_slots)))
             cell.mean_seconds = self._median_of_first_steps(cell)
         cell.count += 1
         cell.last_step = step
-
-    def _observe_draft_share(self, cell: _Cell | None, share: float) -> None:
-        """A running mean of the draft's share of a model cell's steps (the cell's own rate)."""
-        if cell is None:
-            return
-        if cell.draft_share is None:
-            cell.draft_share = share
-            return
-        cell.draft_share += max(1.0 / (cell.count + 1), self.smoothing) * (share - cell.draft_share)
 
     def _median_of_first_steps(self, cell: _Cell) -> float:
         """The median of a cell's first steps, each moved to the cell's mean prompt load (with c as

@@ -245,12 +245,12 @@ def test_ngram_steps_leave_the_draft_actor_idle(tp2, scripted_goodput, monkeypat
         SAMPLED_REPEATS, proposer="model+ngram", draft_len_schedule="goodput", max_draft_len=3, max_batch_size=4
     )
     results = tp2.generate(REPEATING_PROMPTS)
-    told_by_engine = len(told)
+    num_told_in_ray = len(told)
     reference, _ = engine_results(tp2.config, REPEATING_PROMPTS)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     # Both runs of n-gram steps were held: none reached the draft actor on its own.
     assert tp2.timings.num_draft_steps_held >= 12
-    ray_told = told[:told_by_engine]
+    ray_told = told[:num_told_in_ray]
     assert all(draft_seconds > 0 for g, model, draft_seconds in ray_told if model and g > 0)
     assert all(draft_seconds == 0 for g, model, draft_seconds in ray_told if not model)
 
